@@ -1,0 +1,11 @@
+"""outcore: train neural networks larger than one GPU's memory.
+
+Weights, gradients and optimizer state live in host memory; the GPU is fed what the next
+piece of work needs while the copies for the piece after it run underneath.
+"""
+
+from .errors import OutcoreError
+from .stream import AdamW, Engine
+
+__version__ = "0.1.0"
+__all__ = ["Engine", "AdamW", "OutcoreError", "__version__"]

@@ -1,0 +1,125 @@
+"""The device side of streaming: a few slots that hold the blocks in flight.
+
+Slots are flat fp32 device buffers of the largest block's size, allocated once and reused
+for every block (allocation churn of GB-sized buffers would fragment the caching allocator).
+A block is copied host->device into a free slot on the h2d stream; compute waits on that
+copy's event; when compute is done with it the slot records an event that the next copy
+into the same slot waits on. Nothing here blocks the host.
+
+`rest` (group 0: embeddings, final norm, head) has its own buffer, loaded once per step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..transfer import Lanes
+
+
+@dataclass
+class _Slot:
+    buf: torch.Tensor           # fp32, max block numel
+    group: int = -1             # which group's weights it holds (-1: none)
+    version: int = -1           # the group's master version those weights are from
+    ready: object = None        # event: the h2d copy into buf finished
+    free_after: object = None   # event: the last compute that read buf finished
+    pinned: bool = False        # in use by compute right now
+
+
+class DeviceCache:
+    """Slots for streamed blocks; see the module docstring.
+
+    numels[g] is group g's size; versions[g] counts updates of group g's master (a slot
+    whose version is stale must be reloaded).
+    """
+
+    def __init__(self, lanes: Lanes, numels: list[int], n_slots: int = 3):
+        self.lanes = lanes
+        dev = lanes.device
+        block_max = max(numels[1:], default=0)
+        self.slots = [_Slot(torch.empty(block_max, dtype=torch.float32, device=dev))
+                      for _ in range(n_slots)]
+        self.rest = torch.empty(numels[0], dtype=torch.float32, device=dev)
+        self.rest_version = -1
+        self.numels = numels
+        self.versions = [0] * len(numels)
+        self._tick = 0
+        self._lru: dict[int, int] = {}
+        self.max_in_flight = 0
+        self.bytes_h2d = 0
+        self.waits: list = []   # (before, after) event pairs around each stream wait
+
+    def bytes(self) -> int:
+        return sum(s.buf.numel() * 4 for s in self.slots) + self.rest.numel() * 4
+
+    def _find(self, g: int) -> _Slot | None:
+        for s in self.slots:
+            if s.group == g and s.version == self.versions[g]:
+                return s
+        return None
+
+    def _count_in_flight(self) -> None:
+        n = sum(1 for s in self.slots if s.group >= 0 and s.version == self.versions[s.group])
+        self.max_in_flight = max(self.max_in_flight, n)
+
+    def prefetch(self, g: int, master: torch.Tensor) -> None:
+        """Start copying group g's master weights into a slot (no-op if already there).
+
+        The caller must have ensured the host master is final (its pending update done).
+        """
+        if g <= 0 or g >= len(self.numels) or self._find(g) is not None:
+            return
+        free = [s for s in self.slots if not s.pinned]
+        if not free:
+            return  # every slot is in use: acquire() will load it when one is released
+        # Evict the least recently used free slot (buffer reuse: its old block is done).
+        s = min(free, key=lambda s: self._lru.get(id(s), -1))
+        n = self.numels[g]
+        with self.lanes.on(self.lanes.h2d):
+            # Stream wait: the copy may not overwrite the slot before the compute that
+            # last read it has finished.
+            self.lanes.wait(self.lanes.h2d, s.free_after)
+            s.buf[:n].copy_(master, non_blocking=True)
+            s.ready = self.lanes.event(self.lanes.h2d)
+        s.group, s.version = g, self.versions[g]
+        self.bytes_h2d += n * 4
+        self._count_in_flight()
+
+    def acquire(self, g: int, master: torch.Tensor) -> torch.Tensor:
+        """Group g's weights on the device (fp32, flat), usable on the compute stream."""
+        s = self._find(g)
+        if s is None:
+            self.prefetch(g, master)
+            s = self._find(g)
+            if s is None:
+                raise RuntimeError("outcore: no free device slot (internal error)")
+        # Stream wait: compute may not read the slot before its h2d copy has landed.
+        self.waits.append(self.lanes.timed_wait(self.lanes.compute, s.ready))
+        s.pinned = True
+        self._tick += 1
+        self._lru[id(s)] = self._tick
+        return s.buf[: self.numels[g]]
+
+    def release(self, g: int) -> None:
+        """Compute has enqueued its last use of group g's slot."""
+        for s in self.slots:
+            if s.group == g and s.pinned:
+                s.pinned = False
+                s.free_after = self.lanes.event()
+
+    def acquire_rest(self, master: torch.Tensor) -> torch.Tensor:
+        """The `rest` group on the device, reloaded when its master changed."""
+        if self.rest_version != self.versions[0] and self.rest.numel():
+            with self.lanes.on(self.lanes.h2d):
+                self.rest.copy_(master, non_blocking=True)
+                ev = self.lanes.event(self.lanes.h2d)
+            self.lanes.wait(self.lanes.compute, ev)  # stream wait: rest weights landed
+            self.rest_version = self.versions[0]
+            self.bytes_h2d += self.rest.numel() * 4
+        return self.rest
+
+    def invalidate(self, g: int) -> None:
+        """Group g's master is about to change: any device copy of it is stale."""
+        self.versions[g] += 1

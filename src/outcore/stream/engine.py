@@ -1,0 +1,326 @@
+"""The streaming engine: fp32 masters and AdamW state on the host, blocks on the device.
+
+    engine = Engine(model, optimizer=AdamW(lr=3e-4), device="cuda", gpu_memory="16GiB")
+    loss = engine.train_step({"input_ids": x, "labels": y})
+
+One step, for a model = rest + blocks 1..N:
+  forward   rest weights loaded; block g copied in (prefetched during g-1), every
+            micro-batch through g, input kept as checkpoint, slot released
+  backward  block g reloaded (block N is still resident), micro-batches recomputed with
+            a graph, fp32 gradient accumulated on the device, copied to the host once
+  update    a worker thread runs AdamW on g as soon as its gradient lands (schedule.py);
+            the next forward of g waits only for g's own update
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+
+import torch
+from torch import nn
+from torch.func import functional_call
+
+from ..errors import OutcoreError
+from ..memory import PinnedPool, host_peak_rss_bytes
+from ..transfer import Lanes, host_wait
+from ..units import parse_bytes
+from .blocks import build_groups, find_blocks
+from .device import DeviceCache
+from .optimizer import AdamW, GroupOptimizers
+from .runner import BlockFn, BlockRunner
+from .schedule import UpdateSchedule
+from .stash import ActivationStash
+from .stats import ComputeTimer, StepStats
+from .validate import check_batch, forward_kwargs, resolve_device
+
+
+class Engine:
+    """Train `model` with its state in host memory; see the module docstring."""
+
+    def __init__(self, model: nn.Module, optimizer: AdamW | None = None, device="cpu",
+                 compute_dtype: torch.dtype | None = None, micro_batch_size: int | None = None,
+                 max_grad_norm: float | None = None, gpu_memory: str | int | None = None,
+                 blocks: str | None = None, distributed: bool = False, verbose: bool = False):
+        self.device = resolve_device(device)
+        if compute_dtype is None:
+            compute_dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
+        if compute_dtype not in (torch.float32, torch.bfloat16, torch.float16):
+            raise OutcoreError(f"compute_dtype={compute_dtype} is not supported: use "
+                               "torch.float32 or torch.bfloat16")
+        if micro_batch_size is not None and (not isinstance(micro_batch_size, int)
+                                             or micro_batch_size < 1):
+            raise OutcoreError(f"micro_batch_size={micro_batch_size!r} must be a positive int "
+                               "or None")
+        if max_grad_norm is not None and not max_grad_norm > 0:
+            raise OutcoreError(f"max_grad_norm={max_grad_norm!r} must be > 0 or None")
+        if distributed:
+            raise OutcoreError("distributed=True is not built yet: run one process per job")
+        self.gpu_memory = parse_bytes(gpu_memory, "gpu_memory")
+        self.compute_dtype = compute_dtype
+        self.micro_batch_size = micro_batch_size
+        self.max_grad_norm = max_grad_norm
+        self.optimizer_config = optimizer or AdamW()
+        self._model = model.to("cpu").float()
+        self.blocks_path, container = find_blocks(model, blocks)
+        self.groups = build_groups(model, self.blocks_path, container)
+        self.lanes = Lanes(self.device)
+        from .storage import HostState
+        self.host = HostState(self.groups, pin=self.lanes.cuda)
+        self.opt = GroupOptimizers(self.host.master, self.optimizer_config)
+        self.cache = DeviceCache(self.lanes, [g.numel for g in self.groups])
+        self.stash = ActivationStash(self.lanes, PinnedPool(pin=self.lanes.cuda))
+        self.runner = BlockRunner(self)
+        self.schedule = UpdateSchedule(self._apply_update)
+        self.timer = ComputeTimer(self.lanes.cuda)
+        self.stats = StepStats()
+        self.step_count = 0
+        self.in_train_step = False
+        self._forward_params = inspect.signature(self._model.forward).parameters
+        self._local = [[n[len(g.name) + 1:] if g.index else n for n in g.names]
+                       for g in self.groups]
+        self._buffers = self._device_buffers()
+        self._dropout = any(isinstance(m, nn.Dropout) and m.p > 0 for m in model.modules())
+        self._sq: list[torch.Tensor] = []
+        self._other_peak: int | None = None
+        if self.gpu_memory is not None and self.lanes.cuda:
+            total = torch.cuda.get_device_properties(self.device).total_memory
+            torch.cuda.set_per_process_memory_fraction(min(1.0, self.gpu_memory / total),
+                                                       self.device)
+        from .plan import check_fits, describe
+        check_fits(self)
+        if verbose:
+            print(describe(self))
+
+    # -- the user's view ---------------------------------------------------------
+    @property
+    def model(self) -> nn.Module:
+        """The user's module, its parameters the current fp32 masters (waits for updates)."""
+        self.synchronize()
+        return self._model
+
+    def synchronize(self) -> None:
+        """Wait until every pending optimizer update has been applied."""
+        self.schedule.wait_all()
+
+    @property
+    def num_params(self) -> int:
+        return self.host.numel
+
+    def host_bytes_per_param(self) -> float:
+        held = self.host.bytes() + self.opt.state_bytes() + self.stash.pool.bytes_allocated
+        return held / max(1, self.num_params)
+
+    # -- hooks used by the runner -------------------------------------------------
+    def block_params(self, g: int, flat: torch.Tensor) -> dict[str, torch.Tensor]:
+        grp = self.groups[g]
+        return {n: flat[o:o + p.numel()].view(p.shape)
+                for n, p, o in zip(self._local[g], grp.params, grp.offsets)}
+
+    def block_buffers(self, g: int) -> dict[str, torch.Tensor]:
+        return self._buffers[g]
+
+    def _device_buffers(self) -> list[dict[str, torch.Tensor]]:
+        out: list[dict[str, torch.Tensor]] = [{} for _ in self.groups]
+        prefix = {g.name + ".": g.index for g in self.groups[1:]}
+        for name, b in self._model.named_buffers():
+            g = next((i for k, i in prefix.items() if name.startswith(k)), 0)
+            local = name[len(self.groups[g].name) + 1:] if g else name
+            out[g][local] = b.to(self.device)
+        return out
+
+    def rng_snapshot(self):
+        if not self._dropout:
+            return None
+        cuda = torch.cuda.get_rng_state(self.device) if self.lanes.cuda else None
+        return torch.get_rng_state(), cuda
+
+    def rng_restore(self, state) -> None:
+        if state is not None:
+            torch.set_rng_state(state[0])
+            if state[1] is not None:
+                torch.cuda.set_rng_state(state[1], self.device)
+
+    def prefetch_forward(self, g: int) -> None:
+        if g < len(self.groups):
+            t = time.perf_counter()
+            self.schedule.wait(g)  # host wait: block g's update from the last step
+            self.stats.optimizer_wait_s += time.perf_counter() - t
+            self.cache.prefetch(g, self.host.master[g])
+
+    def prefetch_backward(self, g: int) -> None:
+        if g >= 1:
+            self.cache.prefetch(g, self.host.master[g])
+            self.stash.prefetch(g)
+
+    def grad_ready(self, g: int, grad: torch.Tensor) -> None:
+        """Group g's gradient (fp32, flat, on the device) is final for this step."""
+        sq = grad.pow(2).sum().reshape(1)
+        self._sq.append(sq)
+        hbuf = self.host.grad_pool.get(grad.numel(), torch.float32)
+        hsq = self.host.grad_pool.get(1, torch.float32)
+        with self.lanes.on(self.lanes.d2h):
+            # Stream wait: the gradient is produced on the compute stream.
+            self.lanes.wait(self.lanes.d2h, self.lanes.event())
+            hbuf.copy_(grad, non_blocking=True)
+            hsq.copy_(sq, non_blocking=True)
+            done = self.lanes.event(self.lanes.d2h)
+        if self.lanes.cuda:
+            # Buffer reuse: grad's memory may be recycled only after the d2h copy read it.
+            grad.record_stream(self.lanes.d2h)
+        self.stats.bytes_d2h += grad.numel() * 4
+        self.cache.invalidate(g)
+        self.schedule.submit(g, (hbuf, hsq, done))
+
+    def _apply_update(self, g: int, payload, scale: float) -> None:
+        """Worker thread: wait for group g's gradient to land, then run AdamW on it."""
+        hbuf, hsq, done = payload
+        host_wait(done)  # host sync (worker thread only): the d2h copy must have landed
+        if torch.isfinite(hsq).all():
+            self.opt.step(g, hbuf, scale)
+        else:
+            self._nonfinite_groups.append(g)
+        self.host.grad_pool.put(hbuf)
+        self.host.grad_pool.put(hsq)
+
+    # -- the step ------------------------------------------------------------------
+    def train_step(self, batch: dict, loss_fn=None) -> float:
+        """One optimizer step on `batch` (a dict of tensors, dim 0 = samples).
+
+        Returns the batch's mean loss (a host sync at the end of the step).
+        """
+        t0 = time.perf_counter()
+        kwargs = forward_kwargs(self._forward_params, check_batch(batch), self.device)
+        self._nonfinite_groups: list[int] = []
+        self.stats.optimizer_wait_s = 0.0
+        self._sq.clear()
+        self.stash.limit = self._stash_limit()
+        if self.lanes.cuda:
+            torch.cuda.reset_peak_memory_stats(self.device)
+        self.schedule.begin_backward(hold=self.max_grad_norm is not None)
+        originals = self._install()
+        try:
+            loss = self._forward_backward(kwargs, batch, loss_fn)
+        finally:
+            self._uninstall(originals)
+            self.in_train_step = False
+        self._finish_step(t0)
+        loss_value = loss.item()  # host sync: the step's loss, once per step
+        self._record(t0, loss_value)
+        return loss_value
+
+    def _forward_backward(self, kwargs, batch, loss_fn) -> torch.Tensor:
+        self.in_train_step = True
+        t = time.perf_counter()
+        self.schedule.wait(0)  # host wait: rest's update from the last step
+        self.stats.optimizer_wait_s += time.perf_counter() - t
+        rest = self.cache.acquire_rest(self.host.master[0]).detach().requires_grad_(True)
+        self.prefetch_forward(1)
+        tensors = self.block_params(0, rest)
+        tensors.update(self._buffers[0])
+        with self.runner._autocast(self.runner.autocast_state()):
+            try:
+                out = functional_call(self._model, tensors, (), kwargs)
+            except (TypeError, ValueError, KeyError, IndexError) as e:
+                raise OutcoreError(f"the model's forward rejected the batch (keys "
+                                   f"{sorted(batch)}): {str(e).splitlines()[0]}") from None
+            loss = self._loss(out, batch, loss_fn)
+        loss.backward()
+        if rest.numel():
+            self.grad_ready(0, rest.grad)
+        return loss.detach()
+
+    def _loss(self, out, batch, loss_fn) -> torch.Tensor:
+        if loss_fn is not None:
+            return loss_fn(out, batch)
+        loss = getattr(out, "loss", None)
+        if loss is None and isinstance(out, dict):
+            loss = out.get("loss")
+        if not isinstance(loss, torch.Tensor):
+            raise OutcoreError("the model returned no loss: put 'labels' in the batch or "
+                               "pass loss_fn=lambda output, batch: ...")
+        return loss
+
+    def _finish_step(self, t0: float) -> None:
+        if self.max_grad_norm is None:
+            self.schedule.end_backward(1.0)
+            return
+        # Host sync: clipping needs the global norm before any update may run.
+        total = torch.sqrt(torch.stack([s.to(self.device) for s in self._sq]).sum()).item()
+        self.last_grad_norm = total
+        if not torch.isfinite(torch.tensor(total)):
+            self.schedule.drop_pending()
+            self.schedule.end_backward(1.0)
+            self.stats.skipped_steps += 1
+            return
+        self.schedule.end_backward(min(1.0, self.max_grad_norm / (total + 1e-6)))
+
+    def _record(self, t0: float, loss: float) -> None:
+        if self.lanes.cuda:
+            self.stats.peak_device_bytes = max(self.stats.peak_device_bytes,
+                                               torch.cuda.max_memory_allocated(self.device))
+        self.stats.compute_s = self.timer.total_s()
+        waits = [w for w in self.cache.waits if w is not None]
+        self.stats.copy_wait_s = sum(a.elapsed_time(b) for a, b in waits) / 1000.0
+        self.cache.waits.clear()
+        self.stats.step_s = time.perf_counter() - t0
+        self.stats.max_blocks_in_flight = self.cache.max_in_flight
+        self.stats.bytes_h2d = self.cache.bytes_h2d
+        self.step_count += 1
+        if self.lanes.cuda:
+            peak = torch.cuda.max_memory_allocated(self.device)
+            self._other_peak = peak - self.stash.peak_device_bytes
+        self.stash.peak_device_bytes = 0
+        self.stats.history.append({"step": self.step_count, "loss": loss,
+                                   "step_s": self.stats.step_s,
+                                   "host_peak_bytes": host_peak_rss_bytes()})
+
+    def _stash_limit(self) -> int | None:
+        if self.gpu_memory is None:
+            return None
+        from .plan import fixed_device_bytes
+        usable = int(self.gpu_memory * 0.92)
+        other = self._other_peak if self._other_peak is not None else \
+            fixed_device_bytes(self) + (self.gpu_memory - fixed_device_bytes(self)) // 2
+        return max(0, usable - other)
+
+    def _install(self):
+        """Route each block's forward through the streaming runner for this step."""
+        originals = []
+        for grp in self.groups[1:]:
+            mod, g = grp.module, grp.index
+
+            def fwd(*args, _g=g, _mod=mod, **kw):
+                if self.runner.inside == _g:  # the runner's own call: the real forward
+                    return type(_mod).forward(_mod, *args, **kw)
+                if args:
+                    hidden, rest = args[0], args[1:]
+                else:
+                    hidden, rest = kw.pop("hidden_states"), ()
+                out = BlockFn.apply(self.runner, _g, (rest, kw), hidden)
+                n = self.runner.tuple_len.get(_g)
+                return out if n is None else (out,) + (None,) * (n - 1)
+            originals.append((mod, mod.__dict__.get("forward")))
+            mod.forward = fwd
+        return originals
+
+    @staticmethod
+    def _uninstall(originals) -> None:
+        for mod, orig in originals:
+            if orig is None:
+                del mod.forward
+            else:
+                mod.forward = orig
+
+    def save(self, path) -> None:
+        from .checkpoint import save
+        save(self, path)
+
+    @classmethod
+    def load(cls, path, model: nn.Module, **kwargs) -> "Engine":
+        from .checkpoint import load
+        return load(cls, path, model, **kwargs)
+
+    def close(self) -> None:
+        self.synchronize()
+        self.schedule.close()

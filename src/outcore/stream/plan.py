@@ -1,0 +1,49 @@
+"""What the engine will hold on the device and the host, checked before any large allocation."""
+
+from __future__ import annotations
+
+from ..errors import OutcoreError
+from ..units import fmt_bytes
+
+
+def fixed_device_bytes(engine) -> int:
+    """Device bytes that do not depend on the batch.
+
+    3 fp32 slots of the largest block + its compute-dtype cast + its fp32 gradient and one
+    compute-dtype gradient; `rest` in fp32 with its fp32 gradient and a cast.
+    """
+    numels = [g.numel for g in engine.groups]
+    block = max(numels[1:], default=0)
+    c = 2 if engine.compute_dtype.itemsize == 2 else 4
+    return 3 * block * 4 + block * (c + 4 + c) + numels[0] * (4 + 4 + c)
+
+
+def check_fits(engine) -> None:
+    if engine.gpu_memory is None:
+        return
+    need = fixed_device_bytes(engine)
+    if need > engine.gpu_memory:
+        raise OutcoreError(
+            f"the model does not fit gpu_memory={fmt_bytes(engine.gpu_memory)}: the blocks in "
+            f"flight and the resident embeddings/head need {fmt_bytes(need)} before any "
+            "activation; raise gpu_memory or split the model into smaller blocks")
+
+
+def describe(engine) -> str:
+    """A few lines: where everything lives and the bytes per parameter."""
+    n = engine.num_params
+    numels = [g.numel for g in engine.groups]
+    lines = [
+        f"outcore plan: {n / 1e6:.1f}M params in {len(numels) - 1} blocks "
+        f"(largest {max(numels[1:], default=0) / 1e6:.1f}M) + {numels[0] / 1e6:.1f}M resident "
+        f"[{engine.blocks_path or 'model'}]",
+        f"  host:   fp32 master 4 B/param + AdamW m,v 8 B/param"
+        f"{' + held gradients 4 B/param (clipping)' if engine.max_grad_norm else ''}"
+        f" = {fmt_bytes(n * (16 if engine.max_grad_norm else 12))}",
+        f"  device: {engine.device}, compute {str(engine.compute_dtype).replace('torch.', '')}, "
+        f"3 block slots + resident = {fmt_bytes(fixed_device_bytes(engine))} fixed"
+        + (f", budget {fmt_bytes(engine.gpu_memory)}" if engine.gpu_memory else ""),
+        f"  micro-batch: {engine.micro_batch_size or 'whole batch'}; activation checkpoints "
+        "at block boundaries on the device while they fit, else pinned host memory",
+    ]
+    return "\n".join(lines)

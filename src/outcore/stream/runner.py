@@ -1,0 +1,127 @@
+"""Running one block: forward over every micro-batch, then backward with recompute.
+
+`BlockFn` is the autograd node of a whole block over the whole batch (batch-major order:
+all micro-batches pass through block g before block g+1 is touched). Forward runs without
+a graph and keeps only the block's input (the checkpoint); backward loads the weights
+again, recomputes each micro-batch with a graph, and accumulates fp32 parameter
+gradients on the device before handing them to the engine once.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.func import functional_call
+
+from .split import first_tensor, n_micro, split_like
+
+
+class BlockFn(torch.autograd.Function):
+    """hidden: B x T x D (any leading batch dim) -> block(hidden): same shape."""
+
+    @staticmethod
+    def forward(ctx, runner, g: int, extra, hidden):
+        ctx.runner, ctx.g, ctx.extra = runner, g, extra
+        ctx.autocast = runner.autocast_state()
+        out, ctx.rng = runner.forward_block(g, hidden, extra)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        grad_in = ctx.runner.backward_block(ctx.g, grad_out, ctx.extra, ctx.autocast, ctx.rng)
+        return None, None, None, grad_in
+
+
+class BlockRunner:
+    """Owns how blocks are computed; the engine owns what is where.
+
+    engine: provides .groups, .cache, .stash, .host, .lanes, .compute_dtype,
+            .micro_batch_size, .block_params(g, flat), .block_buffers(g),
+            .wait_update(g), .grad_ready(g, flat_grad) and .stats.
+    """
+
+    def __init__(self, engine):
+        self.e = engine
+        self.tuple_len: dict[int, int | None] = {}
+        self.inside = -1  # the block whose real forward is running (see Engine._install)
+
+    # -- helpers ---------------------------------------------------------------
+    def autocast_state(self):
+        dt = self.e.compute_dtype
+        return (self.e.lanes.device.type, dt) if dt != torch.float32 else None
+
+    def _autocast(self, state):
+        if state is None:
+            return torch.autocast(self.e.lanes.device.type, enabled=False)
+        return torch.autocast(state[0], dtype=state[1])
+
+    def _call(self, g: int, flat: torch.Tensor, h, extra):
+        args, kwargs = extra
+        mod = self.e.groups[g].module
+        tensors = self.e.block_params(g, flat)
+        tensors.update(self.e.block_buffers(g))
+        self.inside = g
+        try:
+            out = functional_call(mod, tensors, (h, *args), kwargs)
+        finally:
+            self.inside = -1
+        t, n = first_tensor(out)
+        self.tuple_len[g] = n
+        return t
+
+    def _weights(self, g: int) -> torch.Tensor:
+        """Group g's weights in compute dtype (one cast per block per pass)."""
+        w32 = self.e.cache.acquire(g, self.e.host.master[g])
+        return w32 if self.e.compute_dtype == torch.float32 else w32.to(self.e.compute_dtype)
+
+    # -- forward ----------------------------------------------------------------
+    def forward_block(self, g: int, hidden: torch.Tensor, extra):
+        e = self.e
+        w = self._weights(g)
+        B = hidden.shape[0]
+        n, size = n_micro(B, e.micro_batch_size)
+        hs = split_like(hidden, B, n, size)
+        xs = split_like(extra, B, n, size)
+        rng = []
+        outs = []
+        t = e.timer.start()
+        for i in range(n):
+            rng.append(e.rng_snapshot())
+            outs.append(self._call(g, w, hs[i], xs[i]))
+        out = outs[0] if n == 1 else torch.cat(outs, dim=0)
+        e.timer.stop(t)
+        e.cache.release(g)
+        # Prefetch the next block while this one computes (its compute is enqueued).
+        e.prefetch_forward(g + 1)
+        if torch.is_grad_enabled() or e.in_train_step:
+            e.stash.put(g, hidden)
+        return out, rng
+
+    # -- backward ---------------------------------------------------------------
+    def backward_block(self, g: int, grad_out: torch.Tensor, extra, autocast, rng):
+        e = self.e
+        hidden = e.stash.take(g)
+        w = self._weights(g)
+        # Prefetch block g-1's weights and checkpoint while this block computes.
+        e.prefetch_backward(g - 1)
+        B = hidden.shape[0]
+        n, size = n_micro(B, e.micro_batch_size)
+        hs = split_like(hidden, B, n, size)
+        gs = split_like(grad_out, B, n, size)
+        xs = split_like(extra, B, n, size)
+        grad_w = torch.zeros(w.numel(), dtype=torch.float32, device=w.device)
+        grads_in = []
+        t = e.timer.start()
+        for i in range(n):
+            leaf = w.detach().requires_grad_(True)
+            h = hs[i].detach().requires_grad_(True)
+            e.rng_restore(rng[i])
+            with torch.enable_grad(), self._autocast(autocast):
+                out = self._call(g, leaf, h, xs[i])
+            gw, gh = torch.autograd.grad(out, (leaf, h), gs[i], allow_unused=True)
+            if gw is not None:
+                grad_w += gw  # fp32 accumulation across micro-batches
+            grads_in.append(gh if gh is not None else torch.zeros_like(h))
+        e.timer.stop(t)
+        e.cache.release(g)
+        e.grad_ready(g, grad_w)
+        return grads_in[0] if n == 1 else torch.cat(grads_in, dim=0)

@@ -1,0 +1,107 @@
+"""When each group's optimizer update runs, relative to the device's work.
+
+Gradients arrive in backward order (last block first, `rest` last). While backward runs,
+updates run in arrival order; once backward has ended, whatever is still waiting runs in
+forward order (rest, block 1, block 2, ...), which is the order the next step's forward
+needs them. The next forward of group g waits only for g's own update (`wait(g)`).
+With clipping, no update can start before the global norm is known: `hold()` queues them
+until `release(scale)`.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Callable
+
+
+class UpdateSchedule:
+    """A single worker thread running `fn(g, payload, scale)` for each submitted group."""
+
+    def __init__(self, fn: Callable[[int, object, float], None]):
+        self._fn = fn
+        self._cv = threading.Condition()
+        self._queue: list[tuple[int, object]] = []
+        self._done: set[int] = set()
+        self._pending: set[int] = set()
+        self._held = False
+        self._forward_order = False
+        self._scale = 1.0
+        self._error: BaseException | None = None
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, name="outcore-optim", daemon=True)
+        self._thread.start()
+
+    def begin_backward(self, hold: bool) -> None:
+        """A new backward starts; with `hold`, updates wait for `release()`."""
+        with self._cv:
+            self._held = hold
+            self._forward_order = False
+
+    def submit(self, g: int, payload) -> None:
+        with self._cv:
+            self._pending.add(g)
+            self._done.discard(g)
+            self._queue.append((g, payload))
+            self._cv.notify_all()
+
+    def end_backward(self, scale: float = 1.0) -> None:
+        """Backward is over: run what is left in forward order, gradients scaled by `scale`."""
+        with self._cv:
+            self._scale = scale
+            self._held = False
+            self._forward_order = True
+            self._cv.notify_all()
+
+    def drop_pending(self) -> None:
+        """Forget queued (not started) updates: the step is skipped."""
+        with self._cv:
+            for g, _ in self._queue:
+                self._pending.discard(g)
+                self._done.add(g)
+            self._queue.clear()
+            self._cv.notify_all()
+
+    def wait(self, g: int) -> None:
+        """Block until group g has no update pending (a deliberate host wait)."""
+        with self._cv:
+            while g in self._pending and self._error is None:
+                self._cv.wait()
+            self._raise()
+
+    def wait_all(self) -> None:
+        with self._cv:
+            while self._pending and self._error is None:
+                self._cv.wait()
+            self._raise()
+
+    def _raise(self) -> None:
+        if self._error is not None:
+            err, self._error = self._error, None
+            raise err
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while not self._stop and (self._held or not self._queue):
+                    self._cv.wait()
+                if self._stop:
+                    return
+                if self._forward_order:
+                    self._queue.sort(key=lambda t: t[0])
+                g, payload = self._queue.pop(0)
+                scale = self._scale
+            try:
+                self._fn(g, payload, scale)
+            except BaseException as e:  # surfaced to the main thread at its next wait
+                with self._cv:
+                    self._error = e
+            with self._cv:
+                self._pending.discard(g)
+                self._done.add(g)
+                self._cv.notify_all()
+
+    def close(self) -> None:
+        with self._cv:
+            self._stop = True
+            self._cv.notify_all()
+        self._thread.join(timeout=5)

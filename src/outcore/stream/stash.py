@@ -1,0 +1,93 @@
+"""Activation checkpoints at block boundaries: on the device while they fit, else host.
+
+Each block's input (B x T x D for a decoder) is kept for the recompute in backward. While
+the device has room under its budget it stays there; beyond that it is copied to a pinned
+host buffer on the d2h stream and fetched back (prefetched one block ahead) in backward.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..memory import PinnedPool
+from ..transfer import Lanes
+
+
+class ActivationStash:
+    """put(g, x) in forward, prefetch(g) / take(g) in backward; see module docstring.
+
+    limit: bytes of device memory (as counted by the allocator) above which new
+    checkpoints go to the host; None keeps everything on the device.
+    """
+
+    def __init__(self, lanes: Lanes, pool: PinnedPool):
+        self.lanes = lanes
+        self.pool = pool
+        self.limit: int | None = None
+        self._dev: dict[int, torch.Tensor] = {}
+        self._host: dict[int, tuple[torch.Tensor, torch.Size, torch.dtype, object]] = {}
+        self._back: dict[int, tuple[torch.Tensor, object]] = {}
+        self.bytes_offloaded = 0
+        self.device_bytes = 0
+        self.peak_device_bytes = 0
+
+    def _allocated(self) -> int:
+        if self.lanes.cuda:
+            return torch.cuda.memory_allocated(self.lanes.device)
+        return self.device_bytes
+
+    def put(self, g: int, x: torch.Tensor) -> None:
+        nbytes = x.numel() * x.element_size()
+        if self.limit is None or self._allocated() + nbytes <= self.limit:
+            self._dev[g] = x
+            self.device_bytes += nbytes
+            self.peak_device_bytes = max(self.peak_device_bytes, self.device_bytes)
+            return
+        buf = self.pool.get(x.numel(), x.dtype)
+        with self.lanes.on(self.lanes.d2h):
+            # Stream wait: x is produced on the compute stream; copy it once it exists.
+            self.lanes.wait(self.lanes.d2h, self.lanes.event())
+            buf.copy_(x.reshape(-1), non_blocking=True)
+            done = self.lanes.event(self.lanes.d2h)
+        if self.lanes.cuda:
+            # Buffer reuse: x's memory may be reused only after the d2h stream read it.
+            x.record_stream(self.lanes.d2h)
+        self._host[g] = (buf, x.shape, x.dtype, done)
+        self.bytes_offloaded += nbytes
+
+    def prefetch(self, g: int) -> None:
+        """Start bringing checkpoint g back to the device (no-op if it is there)."""
+        if g not in self._host or g in self._back:
+            return
+        buf, shape, dtype, done = self._host[g]
+        with self.lanes.on(self.lanes.h2d):
+            # Stream wait: the device->host copy must have finished before copying back.
+            self.lanes.wait(self.lanes.h2d, done)
+            x = torch.empty(shape, dtype=dtype, device=self.lanes.device)
+            x.view(-1).copy_(buf, non_blocking=True)
+            ready = self.lanes.event(self.lanes.h2d)
+        self._back[g] = (x, ready)
+
+    def take(self, g: int) -> torch.Tensor:
+        """Checkpoint g on the device, usable on the compute stream; forgets it."""
+        if g in self._dev:
+            x = self._dev.pop(g)
+            self.device_bytes -= x.numel() * x.element_size()
+            return x
+        self.prefetch(g)
+        x, ready = self._back.pop(g)
+        buf, _, _, _ = self._host.pop(g)
+        self.lanes.wait(self.lanes.compute, ready)  # stream wait: checkpoint landed
+        if self.lanes.cuda:
+            # Buffer reuse: x was allocated on the h2d stream and is used on compute.
+            x.record_stream(self.lanes.compute)
+        self.pool.put(buf, ready)
+        return x
+
+    def clear(self) -> None:
+        self._dev.clear()
+        self._back.clear()
+        for buf, _, _, done in self._host.values():
+            self.pool.put(buf, done)
+        self._host.clear()
+        self.device_bytes = 0

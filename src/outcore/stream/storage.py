@@ -1,0 +1,48 @@
+"""Host-resident training state: one flat fp32 buffer per group, params are views into it.
+
+Per group g (numel n_g):
+  master[g]: n_g fp32, page-locked (pinned) so host->device copies are true DMA; every
+             Parameter of the user's model is re-pointed at a view of it, so the model's
+             parameters *are* the master weights (no second fp32 copy exists)
+  grad[g]:   n_g fp32, pinned, landing buffer for the device->host gradient copy; one per
+             group when the step must wait for the global norm (clipping), else a small
+             ring shared by all groups (the update of a group frees its buffer)
+AdamW m and v live in the optimizer (see optimizer.py), also flat per group.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..memory import PinnedPool, pin_
+from .blocks import Group
+
+
+class HostState:
+    """Flat per-group fp32 masters; see the module docstring for the layout."""
+
+    def __init__(self, groups: list[Group], pin: bool):
+        self.groups = groups
+        self.pin = pin
+        self.master: list[torch.Tensor] = []
+        for g in groups:
+            flat = torch.empty(g.numel, dtype=torch.float32)
+            for p, off in zip(g.params, g.offsets):
+                view = flat[off:off + p.numel()].view_as(p)
+                view.copy_(p.detach())
+                # Re-point the Parameter at the flat buffer: the old storage is freed, so
+                # the host never holds two fp32 copies of the weights.
+                p.data = view
+            self.master.append(pin_(flat) if pin else flat)
+        self.grad_pool = PinnedPool(pin=pin)
+
+    @property
+    def numel(self) -> int:
+        return sum(g.numel for g in self.groups)
+
+    def views(self, flat: torch.Tensor, g: Group) -> list[torch.Tensor]:
+        """Split a flat buffer of group g into tensors shaped like g's parameters."""
+        return [flat[o:o + p.numel()].view(p.shape) for p, o in zip(g.params, g.offsets)]
+
+    def bytes(self) -> int:
+        return sum(m.numel() * 4 for m in self.master) + self.grad_pool.bytes_allocated

@@ -1,0 +1,76 @@
+"""Checks on what the user hands the engine, each failing with a one-line OutcoreError."""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+
+from ..errors import OutcoreError
+
+
+def resolve_device(device) -> torch.device:
+    """"cpu" | "cuda" | "cuda:N" | torch.device -> torch.device, checked to exist."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise OutcoreError(f"device={device!r} is not a device: use 'cpu', 'cuda' or "
+                           "'cuda:N'") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise OutcoreError(f"device={device!r} but CUDA is not available here: use "
+                               "device='cpu'")
+        idx = dev.index if dev.index is not None else torch.cuda.current_device()
+        if idx >= torch.cuda.device_count():
+            raise OutcoreError(f"device={device!r} but only {torch.cuda.device_count()} "
+                               "GPU(s) exist")
+        dev = torch.device("cuda", idx)
+    elif dev.type != "cpu":
+        raise OutcoreError(f"device={device!r} is not supported: use 'cpu' or 'cuda[:N]'")
+    return dev
+
+
+def check_batch(batch) -> dict:
+    """A non-empty dict of tensors sharing dim 0."""
+    if not isinstance(batch, dict) or not batch:
+        raise OutcoreError("train_step takes a non-empty dict of tensors, such as "
+                           "{'input_ids': ..., 'labels': ...}")
+    sizes = {}
+    for k, v in batch.items():
+        if isinstance(v, torch.Tensor):
+            if v.dim() == 0:
+                raise OutcoreError(f"batch[{k!r}] is a scalar: every entry needs a batch "
+                                   "dimension first")
+            sizes[k] = v.shape[0]
+    if len(set(sizes.values())) > 1:
+        raise OutcoreError(f"batch entries disagree on the batch size (dim 0): {sizes}")
+    if not sizes:
+        raise OutcoreError("the batch holds no tensors")
+    return batch
+
+
+def forward_kwargs(params, batch: dict, device: torch.device) -> dict:
+    """The entries of `batch` that the model's forward accepts, moved to `device`.
+
+    params: inspect.signature(model.forward).parameters. All entries pass when forward
+    takes **kwargs. Required arguments missing from the batch are an error. Hugging Face
+    models get use_cache=False (a KV cache is useless in training and costs memory).
+    """
+    var_kw = any(p.kind == inspect.Parameter.VAR_KEYWORD for p in params.values())
+    names = [n for n, p in params.items()
+             if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)]
+    required = [n for n in names if params[n].default is inspect.Parameter.empty]
+    missing = [n for n in required if n not in batch]
+    if missing:
+        raise OutcoreError(f"the batch lacks {missing} that the model's forward requires "
+                           f"(batch has {sorted(batch)})")
+    out = {}
+    for k, v in batch.items():
+        if k in names or var_kw:
+            out[k] = v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v
+    if not out:
+        raise OutcoreError(f"no batch entry matches the model's forward arguments {names}: "
+                           f"batch has {sorted(batch)}")
+    if "use_cache" in names and "use_cache" not in out:
+        out["use_cache"] = False
+    return out

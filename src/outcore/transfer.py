@@ -1,0 +1,65 @@
+"""Streams and events, with a CPU fallback that runs the same code synchronously.
+
+One copy stream each way (host->device, device->host) and the compute stream. Every wait
+between them goes through `wait(stream, event)` so that it is visible (and commented) at the
+call site; on the CPU all of them are no-ops because every operation is already ordered.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+
+class Lanes:
+    """The three streams of one compute device: h2d, d2h and compute (the current stream)."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.cuda = device.type == "cuda"
+        if self.cuda:
+            self.compute = torch.cuda.current_stream(device)
+            self.h2d = torch.cuda.Stream(device)
+            self.d2h = torch.cuda.Stream(device)
+        else:
+            self.compute = self.h2d = self.d2h = None
+
+    def event(self, stream=None):
+        """Record an event on `stream` (default: compute); None on the CPU."""
+        if not self.cuda:
+            return None
+        ev = torch.cuda.Event()
+        ev.record(stream if stream is not None else self.compute)
+        return ev
+
+    def wait(self, stream, event) -> None:
+        """Make `stream` wait for `event` (device-side; the host does not block)."""
+        if self.cuda and event is not None:
+            stream.wait_event(event)
+
+    def timed_wait(self, stream, event):
+        """`wait`, bracketed by timing events so the stall can be measured after a sync."""
+        if not (self.cuda and event is not None):
+            return None
+        a = torch.cuda.Event(enable_timing=True)
+        b = torch.cuda.Event(enable_timing=True)
+        a.record(stream)
+        stream.wait_event(event)
+        b.record(stream)
+        return (a, b)
+
+    @contextlib.contextmanager
+    def on(self, stream):
+        """Run the enclosed work on `stream` (no-op on the CPU)."""
+        if self.cuda and stream is not None:
+            with torch.cuda.stream(stream):
+                yield
+        else:
+            yield
+
+
+def host_wait(event) -> None:
+    """Block the calling host thread until `event` has completed (a deliberate host sync)."""
+    if event is not None:
+        event.synchronize()
