@@ -4,8 +4,9 @@ Weights, gradients and optimizer state live in host memory; the GPU is fed what 
 piece of work needs while the copies for the piece after it run underneath.
 """
 
+from .embed import EmbeddingTrainer
 from .errors import OutcoreError
 from .stream import AdamW, Engine
 
 __version__ = "0.1.0"
-__all__ = ["Engine", "AdamW", "OutcoreError", "__version__"]
+__all__ = ["Engine", "AdamW", "EmbeddingTrainer", "OutcoreError", "__version__"]

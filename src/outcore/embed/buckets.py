@@ -1,0 +1,174 @@
+"""Edges cut into P x P buckets, and the scheduler that hands buckets to workers.
+
+A unit of work is an unordered partition pair {i, j} (i <= j): whoever holds both
+partitions trains the buckets (i, j) and, for directed graphs, (j, i). Undirected edges
+are flipped so that part(src) <= part(dst): the score is symmetric and both ends get
+negatives, so the orientation carries nothing.
+
+The scheduler (as PyTorch-BigGraph's lock server) is separate from training and from
+storage: `acquire(worker, held)` returns a unit none of whose partitions another worker
+holds, preferring units that reuse the partitions the worker already has (so one
+partition stays resident and only the other is swapped); `release` frees partitions. It
+is pure state; `StoreScheduler` keeps that state in a torch.distributed store under a lock,
+so the ranks of a multi-process (or multi-machine) run share it.
+"""
+
+from __future__ import annotations
+
+import pickle
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+WAIT = "wait"
+
+
+def snake_units(P: int) -> list[tuple[int, int]]:
+    """All pairs i <= j, row by row with every other row reversed (neighbours share one)."""
+    out = []
+    for i in range(P):
+        row = [(i, j) for j in range(i, P)]
+        out.extend(row if i % 2 == 0 else row[::-1])
+    return out
+
+
+class BucketScheduler:
+    """Units {i, j} of one epoch; partition locks; reuse-first choice."""
+
+    def __init__(self, P: int, skip_empty: list[tuple[int, int]] | None = None):
+        self.P = P
+        self.order = snake_units(P)
+        self.skip = set(skip_empty or ())
+        self.reset()
+
+    def reset(self) -> None:
+        self.remaining = [u for u in self.order if u not in self.skip]
+        self.owner: dict[int, int] = {}          # partition -> worker holding it
+
+    def acquire(self, worker: int, held: tuple[int, ...] = ()):
+        """A unit (i, j) now locked for `worker`; None when the epoch has no units left;
+        WAIT when every remaining unit needs a partition another worker holds."""
+        if not self.remaining:
+            return None
+        best, best_score = None, -1
+        for u in self.remaining:
+            if any(self.owner.get(p, worker) != worker for p in u):
+                continue
+            score = len(set(u) & set(held))
+            if score > best_score:
+                best, best_score = u, score
+                if score == len(set(u)):
+                    break
+        if best is None:
+            return WAIT
+        self.remaining.remove(best)
+        for p in best:
+            self.owner[p] = worker
+        return best
+
+    def release(self, worker: int, parts) -> None:
+        for p in parts:
+            if self.owner.get(p) == worker:
+                del self.owner[p]
+
+    def held_by(self, worker: int) -> set[int]:
+        return {p for p, w in self.owner.items() if w == worker}
+
+
+class StoreScheduler:
+    """A `BucketScheduler` shared through a torch.distributed Store (TCPStore, FileStore).
+
+    Each call takes a spin lock (compare_set), loads the pickled state, acts and stores it
+    back: a few store round trips per bucket, negligible next to training one.
+    """
+
+    def __init__(self, store, P: int, rank: int, skip_empty=None, prefix: str = "embed"):
+        self.store, self.rank = store, rank
+        self.lock_key, self.state_key = f"{prefix}/lock", f"{prefix}/sched"
+        if rank == 0:
+            self.store.set(self.state_key, pickle.dumps(BucketScheduler(P, skip_empty)))
+
+    def _call(self, fn):
+        me = str(self.rank + 1).encode()
+        while self.store.compare_set(self.lock_key, "", me.decode()) != me:
+            time.sleep(0.0005)                   # another rank is inside; retry shortly
+        try:
+            sched = pickle.loads(self.store.get(self.state_key))
+            out = fn(sched)
+            self.store.set(self.state_key, pickle.dumps(sched))
+            return out
+        finally:
+            self.store.set(self.lock_key, "")
+
+    def acquire(self, worker: int, held=()):
+        return self._call(lambda s: s.acquire(worker, held))
+
+    def release(self, worker: int, parts) -> None:
+        self._call(lambda s: s.release(worker, parts))
+
+    def reset(self) -> None:
+        self._call(lambda s: s.reset())
+
+
+@dataclass
+class BucketedEdges:
+    """Edges sorted by bucket (a, b) = (part(src), part(dst)), with local row ids.
+
+    src, dst: E int32 rows within their partitions; offsets: P*P + 1 int64 so that bucket
+    (a, b) is [offsets[a*P+b], offsets[a*P+b+1]).
+    """
+
+    P: int
+    src: np.ndarray
+    dst: np.ndarray
+    offsets: np.ndarray
+
+    @classmethod
+    def build(cls, src: np.ndarray, dst: np.ndarray, P: int, directed: bool = False,
+              shuffle: bool = True, seed: int = 0) -> "BucketedEdges":
+        src = np.asarray(src)
+        dst = np.asarray(dst)
+        if shuffle:
+            perm = np.random.default_rng(seed).permutation(len(src))
+            src, dst = src[perm], dst[perm]
+        pa, pb = src % P, dst % P
+        if not directed and P > 1:
+            flip = pa > pb                       # canonical orientation part(src) <= part(dst)
+            src, dst = np.where(flip, dst, src), np.where(flip, src, dst)
+            pa, pb = np.minimum(pa, pb), np.maximum(pa, pb)
+        idt = np.int32 if (len(src) == 0 or max(src.max(), dst.max()) // P < 2**31) else np.int64
+        if P == 1:
+            return cls(1, src.astype(idt), dst.astype(idt), np.array([0, len(src)], np.int64))
+        key = (pa * P + pb).astype(np.int16 if P * P < 2**15 else np.int32)
+        order = np.argsort(key, kind="stable")   # radix sort for 16-bit keys: O(E)
+        counts = np.bincount(key, minlength=P * P)
+        offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        return cls(P, (src[order] // P).astype(idt), (dst[order] // P).astype(idt), offsets)
+
+    def range(self, a: int, b: int) -> tuple[int, int]:
+        k = a * self.P + b
+        return int(self.offsets[k]), int(self.offsets[k + 1])
+
+    def count(self, a: int, b: int) -> int:
+        lo, hi = self.range(a, b)
+        return hi - lo
+
+    def unit_buckets(self, unit: tuple[int, int], directed: bool) -> list[tuple[int, int]]:
+        """Ordered buckets a unit trains: (i, j), and (j, i) for directed graphs."""
+        i, j = unit
+        out = [(i, j)]
+        if directed and i != j:
+            out.append((j, i))
+        return [b for b in out if self.count(*b) > 0]
+
+    def empty_units(self, directed: bool) -> list[tuple[int, int]]:
+        return [u for u in snake_units(self.P) if not self.unit_buckets(u, directed)]
+
+    def save(self, path: str) -> None:
+        np.savez(path, P=self.P, src=self.src, dst=self.dst, offsets=self.offsets)
+
+    @classmethod
+    def load(cls, path: str) -> "BucketedEdges":
+        z = np.load(path)
+        return cls(int(z["P"]), z["src"], z["dst"], z["offsets"])

@@ -1,0 +1,91 @@
+"""Typed configuration of node-embedding training, validated with one-line errors."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..errors import OutcoreError
+
+SCORES = ("dot", "cosine")
+LOSSES = ("softmax", "logistic", "ranking")
+OPTIMIZERS = ("adagrad", "adam")
+MODES = ("edges", "deepwalk", "node2vec")
+STORAGES = ("auto", "ram", "mmap")
+
+
+@dataclass
+class EmbedConfig:
+    """Everything that shapes a node-embedding run.
+
+    Training unit: a batch of `batch_size` positive edges, cut into chunks of `chunk_size`;
+    each chunk shares its own positives (batch negatives) and `num_negatives` nodes drawn
+    by degree**neg_power as negatives for both ends, so scoring a chunk is one matmul
+    (C x d) @ (d x (C + M)).
+    """
+
+    dim: int = 128
+    epochs: int = 10
+    lr: float = 0.1
+    optimizer: str = "adagrad"          # row-wise Adagrad, or "adam" (lazy, per-row step)
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-10
+    score: str = "dot"                  # "dot" or "cosine"
+    loss: str = "softmax"               # "softmax" (PBG), "logistic" (LINE), "ranking"
+    margin: float = 0.1                 # ranking loss only
+    batch_size: int = 65536             # positive edges per step
+    chunk_size: int = 64                # positives sharing one set of negatives
+    num_negatives: int = 64             # sampled negatives per chunk (each side)
+    batch_negatives: bool = True        # also use the chunk's other positives as negatives
+    neg_power: float = 0.75             # negatives ~ degree**neg_power (0 = uniform)
+    init_scale: float = 0.1             # rows start uniform in [-init_scale, init_scale]
+    directed: bool = False              # two vectors per node (source, target) when True
+    mode: str = "edges"                 # "edges" (LINE), "deepwalk", "node2vec"
+    walk_length: int = 20
+    walks_per_node: int = 1             # per epoch
+    window: int = 3
+    p: float = 1.0                      # node2vec return parameter
+    q: float = 1.0                      # node2vec in-out parameter
+    partitions: int | None = None       # None: fewest that fit gpu_memory
+    devices: list[str] = field(default_factory=list)   # [] -> cuda:0 if present, else cpu
+    gpu_memory: int | None = None       # bytes of each device for table partitions
+    storage: str = "auto"               # host table in RAM or a memory-mapped file
+    table_path: str | None = None       # where a memory-mapped table lives
+    edge_chunk: int = 1 << 24           # edges copied to the device at a time
+    shuffle: bool = True                # shuffle each bucket once at load (host)
+    seed: int = 0
+    tf32: bool = True                   # TF32 matmuls for the negative scores on CUDA
+    progress: bool = True
+
+    def validate(self) -> "EmbedConfig":
+        def pos_int(name):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+                raise OutcoreError(f"{name}={v!r} must be a positive integer")
+        for name in ("dim", "epochs", "batch_size", "chunk_size", "walk_length",
+                     "walks_per_node", "window", "edge_chunk"):
+            pos_int(name)
+        if isinstance(self.num_negatives, bool) or self.num_negatives < 0:
+            raise OutcoreError(f"num_negatives={self.num_negatives!r} must be >= 0")
+        if self.num_negatives == 0 and not self.batch_negatives:
+            raise OutcoreError("no negatives: set num_negatives > 0 or batch_negatives=True")
+        for name, allowed in (("score", SCORES), ("loss", LOSSES),
+                              ("optimizer", OPTIMIZERS), ("mode", MODES),
+                              ("storage", STORAGES)):
+            if getattr(self, name) not in allowed:
+                raise OutcoreError(f"{name}={getattr(self, name)!r} is not one of "
+                                   f"{', '.join(allowed)}")
+        if not self.lr > 0:
+            raise OutcoreError(f"lr={self.lr!r} must be positive")
+        if self.partitions is not None and (isinstance(self.partitions, bool)
+                                            or self.partitions < 1):
+            raise OutcoreError(f"partitions={self.partitions!r} must be >= 1")
+        if self.p <= 0 or self.q <= 0:
+            raise OutcoreError(f"node2vec p={self.p} and q={self.q} must be positive")
+        if self.storage == "mmap" and not self.table_path:
+            raise OutcoreError("storage='mmap' needs table_path: give a file path for the table")
+        return self
+
+    @property
+    def sides(self) -> int:
+        """Vectors per node: 1 (shared) or 2 (source and target, for directed graphs)."""
+        return 2 if self.directed else 1

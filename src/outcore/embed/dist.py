@@ -1,0 +1,110 @@
+"""One process per device through torch.distributed (gloo for barriers, a TCPStore for the
+bucket scheduler), launched by `spawn_fit` from one process or by torchrun (`worker_main`
+under RANK/WORLD_SIZE). The host table is a memory-mapped file all ranks map; each rank
+writes back a partition before releasing its lock, so the next holder reads it whole."""
+
+from __future__ import annotations
+
+import os
+import socket
+import tempfile
+import time
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from .buckets import StoreScheduler
+from .config import EmbedConfig
+from .sampling import EpochSource, NegativeSampler
+from .table import EmbeddingTable
+from .worker import Worker
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_rank(rank: int, world: int, cfg: EmbedConfig, device: str, table_args: dict,
+             capacity: int, src, dst, weight, num_nodes: int, addr: str, port: int) -> dict:
+    """Train as `rank`: open the shared table, join the scheduler, run every epoch."""
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", init_method=f"tcp://{addr}:{port}", rank=rank,
+                                world_size=world)
+    store = dist.TCPStore(addr, port + 1, world, rank == 0, wait_for_workers=False)
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+    table = EmbeddingTable(**table_args, create=False)
+    P = table.P
+    deg = (np.bincount(src, minlength=num_nodes) + np.bincount(dst, minlength=num_nodes))
+    sampler = NegativeSampler(deg, P, cfg.neg_power)
+    source = EpochSource(src, dst, num_nodes, weight, cfg, P)
+    worker = Worker(cfg, table, sampler, dev, capacity, None, rank, world)
+    losses, t0 = [], time.perf_counter()
+    for e in range(cfg.epochs):
+        edges = source.epoch(e)          # the same seeded epoch on every rank
+        dist.barrier()                   # everyone finished the previous epoch
+        sched = StoreScheduler(store, P, rank, edges.empty_units(cfg.directed),
+                               prefix=f"embed/e{e}")
+        dist.barrier()                   # rank 0 has published the fresh scheduler
+        worker.sched = sched
+        loss = worker.epoch(edges, None)
+        losses.append(float(loss))       # host sync once per epoch, for the summary
+    worker.cache.flush(drop=True)
+    table.flush()
+    dist.barrier()
+    out = {"edges": worker.edges_done, "loss": losses, "wait_s": worker.wait_s,
+           "train_s": time.perf_counter() - t0}
+    gathered = [None] * world
+    dist.all_gather_object(gathered, out)
+    dist.destroy_process_group()
+    return gathered
+
+
+def _spawn_entry(rank, world, cfg, devices, table_args, capacity, data_path, num_nodes,
+                 addr, port, result_path):
+    z = np.load(data_path)
+    weight = z["weight"] if "weight" in z.files else None
+    res = run_rank(rank, world, cfg, devices[rank], table_args, capacity, z["src"], z["dst"],
+                   weight, num_nodes, addr, port)
+    if rank == 0:
+        torch.save(res, result_path)
+
+
+def spawn_fit(trainer, el, devices, plan):
+    """Run one process per device; returns (positives trained, loss per epoch)."""
+    import torch.multiprocessing as mp
+    table = trainer.table
+    table.flush()
+    table_args = dict(num_nodes=table.num_nodes, dim=table.dim, partitions=table.P,
+                      sides=table.sides, state_cols=table.state_cols, path=table.path,
+                      init_scale=table.init_scale, seed=table.seed)
+    tmp = tempfile.mkdtemp(prefix="outcore-embed-")
+    data_path = os.path.join(tmp, "edges.npz")
+    arrays = {"src": el.src, "dst": el.dst}
+    if el.weight is not None:
+        arrays["weight"] = el.weight
+    np.savez(data_path, **arrays)
+    result_path = os.path.join(tmp, "result.pt")
+    port = _free_port()
+    cfg = trainer.cfg
+    from tqdm import tqdm
+    if cfg.progress:
+        tqdm.write(f"embed: {len(devices)} processes on {', '.join(map(str, devices))}")
+    mp.spawn(_spawn_entry, nprocs=len(devices), join=True,
+             args=(len(devices), cfg, [str(d) for d in devices], table_args, plan.capacity,
+                   data_path, el.num_nodes, "127.0.0.1", port, result_path))
+    res = torch.load(result_path, weights_only=False)
+    for f in (data_path, result_path):
+        os.remove(f)
+    os.rmdir(tmp)
+    # the children wrote the shared file; reopen so this process sees their flags
+    trainer.table = EmbeddingTable(**table_args, create=False)
+    done = sum(r["edges"] for r in res)
+    per_epoch = [sum(r["loss"][e] for r in res) / max(done / cfg.epochs, 1)
+                 for e in range(cfg.epochs)]
+    trainer.rank_stats = res
+    return done, per_epoch

@@ -1,0 +1,88 @@
+"""One training step's math: scores, loss and gradients of a batch of positive edges.
+
+Shapes: U, V: B x d (source and target rows of the positives), NU, NV: K x M x d (the
+sampled negatives of the K = ceil(B / C) chunks, for the source and the target side).
+Chunk k scores its C positives against [its own C targets (batch negatives), its M sampled
+targets]: one bmm of (C x d) @ (d x (C + M)) per chunk, and the same for sources. A
+positive's own pair among the batch negatives is masked with -1e9 (as PyTorch-BigGraph
+does), so it costs nothing in any loss.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+_MASKED = -1e9
+
+
+@dataclass(frozen=True)
+class LossSpec:
+    score: str = "dot"          # "dot" | "cosine"
+    loss: str = "softmax"       # "softmax" | "logistic" | "ranking"
+    margin: float = 0.1
+    chunk: int = 64
+    batch_negatives: bool = True
+
+
+def _side_loss(pos: torch.Tensor, neg: torch.Tensor, spec: LossSpec) -> torch.Tensor:
+    """pos: n, neg: n x k (masked entries at -1e9) -> summed loss (a 0-d tensor)."""
+    if spec.loss == "softmax":
+        return (torch.logsumexp(torch.cat([pos[:, None], neg], 1), 1) - pos).sum()
+    if spec.loss == "logistic":
+        return F.softplus(-pos).sum() + F.softplus(neg).sum() / max(neg.shape[1], 1)
+    return F.relu(spec.margin - pos[:, None] + neg).sum()
+
+
+def _chunk_scores(a: torch.Tensor, b: torch.Tensor, nb: torch.Tensor, spec: LossSpec):
+    """a, b: K x C x d (positives), nb: K x M x d -> neg scores of a vs b's side: (K*C) x k."""
+    K, C, _ = a.shape
+    parts = []
+    if spec.batch_negatives and C > 1:
+        s = torch.bmm(a, b.transpose(1, 2))                     # K x C x C
+        eye = torch.eye(C, dtype=torch.bool, device=a.device)
+        parts.append(s.masked_fill(eye, _MASKED))
+    if nb.shape[1] > 0:
+        parts.append(torch.bmm(a, nb.transpose(1, 2)))          # K x C x M
+    if not parts:
+        return a.new_zeros(K * C, 0)
+    return torch.cat(parts, 2).reshape(K * C, -1)
+
+
+def batch_loss(U, V, NU, NV, spec: LossSpec) -> torch.Tensor:
+    """Sum over the batch of the loss of both corruptions (target side, source side)."""
+    if spec.score == "cosine":
+        U, V = F.normalize(U, dim=-1), F.normalize(V, dim=-1)
+        NU, NV = F.normalize(NU, dim=-1), F.normalize(NV, dim=-1)
+    B, d = U.shape
+    C = min(spec.chunk, B)
+    K = NU.shape[0]
+    pos = (U * V).sum(1)
+    total = U.new_zeros(())
+    full = (B // C) * C
+    for lo, hi, ks in ((0, full, slice(0, full // C)), (full, B, slice(full // C, K))):
+        if hi <= lo:
+            continue
+        c = C if lo == 0 else hi - lo
+        u = U[lo:hi].view(-1, c, d)
+        v = V[lo:hi].view(-1, c, d)
+        neg_t = _chunk_scores(u, v, NV[ks], spec)        # corrupt the target
+        neg_s = _chunk_scores(v, u, NU[ks], spec)        # corrupt the source
+        total = total + _side_loss(pos[lo:hi], neg_t, spec) + _side_loss(pos[lo:hi], neg_s, spec)
+    return total
+
+
+def num_chunks(batch: int, chunk: int) -> int:
+    """Chunks of a batch: full ones plus one for the remainder."""
+    C = min(chunk, batch)
+    return batch // C + (1 if batch % C else 0)
+
+
+def batch_grads(U, V, NU, NV, spec: LossSpec):
+    """(loss, dU, dV, dNU, dNV) for leaf copies of the gathered rows."""
+    U, V, NU, NV = (t.detach().requires_grad_(True) for t in (U, V, NU, NV))
+    loss = batch_loss(U, V, NU, NV, spec)
+    dU, dV, dNU, dNV = torch.autograd.grad(loss, (U, V, NU, NV))
+    return loss.detach(), dU, dV, dNU, dNV

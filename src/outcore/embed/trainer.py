@@ -1,0 +1,189 @@
+"""`EmbeddingTrainer`: node embeddings of an edge list, on one device or one process per
+device through torch.distributed.
+
+    trainer = EmbeddingTrainer(EmbedConfig(dim=128, epochs=10))
+    table = trainer.fit(read_edges("edges.tsv"))
+    trainer.save("emb.npy")
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tempfile
+import time
+
+import numpy as np
+import torch
+
+from ..errors import OutcoreError
+from ..units import fmt_bytes
+from .buckets import BucketScheduler
+from .config import EmbedConfig
+from .graph import EdgeList
+from .output import save_embeddings
+from .plan import Plan, device_budget, make_plan, state_cols
+from .sampling import EpochSource, NegativeSampler, Producer
+from .table import EmbeddingTable
+from .worker import Worker
+
+
+def resolve_devices(devices) -> list[torch.device]:
+    """[] -> [cuda:0] (or [cpu]); an int n -> n GPUs; strings -> those devices."""
+    if devices in (None, [], ()):
+        return [torch.device("cuda:0" if torch.cuda.is_available() else "cpu")]
+    if isinstance(devices, int):
+        devices = [f"cuda:{i}" for i in range(devices)]
+    out = []
+    for d in devices:
+        try:
+            dev = torch.device(d)
+        except RuntimeError:
+            raise OutcoreError(f"device {d!r} is not a torch device: write cpu or cuda:N") from None
+        if dev.type == "cuda":
+            if not torch.cuda.is_available():
+                raise OutcoreError(f"device {d} asked for but CUDA is not available: use cpu")
+            if (dev.index or 0) >= torch.cuda.device_count():
+                raise OutcoreError(f"device {d} does not exist: {torch.cuda.device_count()} "
+                                   "GPU(s) are visible")
+        out.append(dev)
+    return out
+
+
+def as_edgelist(edges, num_nodes=None) -> EdgeList:
+    if isinstance(edges, EdgeList):
+        return edges
+    if isinstance(edges, (tuple, list)) and len(edges) == 2:
+        src, dst = (np.asarray(x) for x in edges)
+        if src.shape != dst.shape or src.ndim != 1:
+            raise OutcoreError("edges must be (src, dst) 1-d arrays of equal length")
+        if len(src) == 0:
+            raise OutcoreError("no edges to train on")
+        n = int(max(src.max(), dst.max())) + 1 if num_nodes is None else num_nodes
+        if min(src.min(), dst.min()) < 0 or max(src.max(), dst.max()) >= n:
+            raise OutcoreError(f"node ids must lie in 0..{n - 1}")
+        return EdgeList(src, dst, n)
+    raise TypeError("edges must be an EdgeList (see read_edges) or a (src, dst) pair of arrays")
+
+
+class EmbeddingTrainer:
+    """Trains an `EmbeddingTable` on an edge list; see `EmbedConfig` for the knobs."""
+
+    def __init__(self, config: EmbedConfig | None = None, **overrides):
+        cfg = dataclasses.replace(config or EmbedConfig(), **overrides)
+        self.cfg = cfg.validate()
+        self.table: EmbeddingTable | None = None
+        self.plan: Plan | None = None
+        self.summary: dict = {}
+        self.record = None            # test hook, see Worker.record
+        self.names = None
+
+    def _storage_path(self, table_bytes: int, shared: bool) -> str | None:
+        cfg = self.cfg
+        if cfg.table_path:
+            return cfg.table_path
+        if not shared:
+            phys = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+            if cfg.storage == "ram" or (cfg.storage == "auto" and table_bytes < phys // 2):
+                return None
+        base = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+        try:
+            st = os.statvfs(base)
+            if st.f_bavail * st.f_frsize < table_bytes * 1.1:
+                base = tempfile.gettempdir()
+        except OSError:
+            base = tempfile.gettempdir()
+        return os.path.join(base, f"outcore-embed-{os.getpid()}-{time.time_ns()}.bin")
+
+    def fit(self, edges, num_nodes: int | None = None) -> EmbeddingTable:
+        """Train for cfg.epochs; returns the host table (also kept as self.table)."""
+        el = as_edgelist(edges, num_nodes)
+        self.names = el.names
+        cfg = self.cfg
+        devices = resolve_devices(cfg.devices)
+        world = len(devices)
+        budget = device_budget(cfg, devices[0])
+        self.plan = plan = make_plan(cfg, el.num_nodes, world, budget, len(el))
+        P = plan.partitions
+        path = self._storage_path(plan.table_bytes, shared=world > 1)
+        self.table = EmbeddingTable(el.num_nodes, cfg.dim, P, cfg.sides, state_cols(cfg),
+                                    path=path, init_scale=cfg.init_scale, seed=cfg.seed)
+        self._temp_table = path is not None and not cfg.table_path
+        t0 = time.perf_counter()
+        if world == 1:
+            done, losses = self._fit_local(el, devices[0], plan)
+        else:
+            from .dist import spawn_fit
+            done, losses = spawn_fit(self, el, devices, plan)
+        wall = time.perf_counter() - t0
+        self.summary = {
+            "nodes": el.num_nodes, "edges": len(el), "epochs": cfg.epochs,
+            "positives_trained": int(done), "wall_s": wall,
+            "edges_per_s": done / wall if wall > 0 else 0.0,
+            "partitions": P, "resident": plan.capacity, "devices": [str(d) for d in devices],
+            "loss_per_epoch": losses, "plan": plan.describe(),
+        }
+        return self.table
+
+    def _fit_local(self, el: EdgeList, device, plan: Plan):
+        cfg, P = self.cfg, plan.partitions
+        sampler = NegativeSampler(el.degrees(), P, cfg.neg_power)
+        source = EpochSource(el.src, el.dst, el.num_nodes, el.weight, cfg, P)
+        sched = BucketScheduler(P)
+        worker = Worker(cfg, self.table, sampler, device, plan.capacity, sched)
+        worker.record = self.record
+        producer = None if source.static else Producer(source, 0, cfg.epochs)
+        bar = _bar(cfg, "embed")
+        losses = []
+        try:
+            for e in range(cfg.epochs):
+                edges = producer.get() if producer else source.epoch(e)
+                if bar is not None and e == 0:
+                    bar.total = len(edges.src) * cfg.epochs
+                sched = BucketScheduler(P, edges.empty_units(cfg.directed))
+                worker.sched = sched
+                loss = worker.epoch(edges, bar)
+                # host sync once per epoch: the loss for the progress line and summary
+                losses.append(float(loss) / max(len(edges.src), 1))
+                if bar is not None:
+                    bar.set_postfix(epoch=e + 1, loss=f"{losses[-1]:.4f}")
+            worker.cache.flush()
+        finally:
+            if bar is not None:
+                bar.close()
+        self.table.flush()
+        self.summary_io = {"bytes_in": worker.cache.bytes_in, "bytes_out": worker.cache.bytes_out}
+        return worker.edges_done, losses
+
+    def embeddings(self, side: int = 0) -> torch.Tensor:
+        """num_nodes x dim (one side: 0 = source/shared, 1 = target of a directed run)."""
+        if self.table is None:
+            raise OutcoreError("call fit() before embeddings()")
+        return self.table.embeddings(side=side)
+
+    def save(self, path: str, fmt: str | None = None) -> list[str]:
+        """Write the embeddings (row i = node i) and, for string ids, the id mapping."""
+        if self.table is None:
+            raise OutcoreError("call fit() before save()")
+        return save_embeddings(self.table, path, fmt, self.names)
+
+    def close(self) -> None:
+        """Remove a temporary memory-mapped table file."""
+        if self.table is not None and getattr(self, "_temp_table", False):
+            self.table.close(delete=True)
+
+    def describe(self) -> str:
+        s = self.summary
+        return (f"{s['positives_trained']:,} positive edges in {s['wall_s']:.2f} s "
+                f"({s['edges_per_s'] / 1e6:.2f} M edges/s) on {', '.join(s['devices'])}; "
+                f"{s['plan']}; final loss {s['loss_per_epoch'][-1]:.4f}")
+
+
+def _bar(cfg: EmbedConfig, desc: str):
+    if not cfg.progress:
+        return None
+    from tqdm import tqdm
+    return tqdm(total=0, unit="edge", unit_scale=True, desc=desc, smoothing=0.1)
+
+
+__all__ = ["EmbeddingTrainer", "resolve_devices", "as_edgelist", "fmt_bytes"]
