@@ -7,6 +7,7 @@ piece of work needs while the copies for the piece after it run underneath.
 from .embed import EmbeddingTrainer
 from .errors import OutcoreError
 from .stream import AdamW, Engine
+from .swap import swap
 
 __version__ = "0.1.0"
-__all__ = ["Engine", "AdamW", "EmbeddingTrainer", "OutcoreError", "__version__"]
+__all__ = ["Engine", "AdamW", "EmbeddingTrainer", "OutcoreError", "swap", "__version__"]

@@ -1,0 +1,272 @@
+"""Saved-activation swapping: autograd's saved tensors to pinned host memory and back.
+
+pack (forward, once per tensor autograd saves): parameters, small tensors (< min_swap_bytes),
+strided views and what the budget can hold (policy.py) stay as they are. The rest is
+copied on the d2h stream into a run of the HostStore; the device tensor is let go once that
+copy is done. A tensor saved twice (a ReLU output is saved by the ReLU and by the next
+conv) is copied once: packs are deduplicated by (address, dtype, shape, strides, version)
+while the first saved tensor object is alive (so the address cannot have been reused).
+
+unpack (backward): the handle is fetched back if it is not on the device yet, and the next
+handles of the schedule (handles.py: reverse save order, or the order the previous step's
+backward used) are prefetched on the h2d stream while fewer than `window` bytes are
+fetched and unused. Prefetching starts when backward reaches the model's output, so
+swapped tensors come back while the backward of the kept ones runs. Strides are kept: a
+tensor comes back bit-identical with the same layout, so gradients are exactly those
+without swapping.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+import weakref
+
+import torch
+
+from ..transfer import Lanes, host_wait
+from .config import SwapConfig
+from .handles import Generation, Handle, dense
+from .host import HostStore
+from .policy import BudgetPolicy, StepPlan
+from .report import CopyClock, SwapReport
+
+
+class _DeviceState:
+    def __init__(self, device: torch.device, cfg: SwapConfig):
+        self.lanes = Lanes(device)
+        self.cuda = self.lanes.cuda
+        self.policy = BudgetPolicy(cfg)
+        self.plan: StepPlan | None = None
+        self.plan_gen = -1
+        self.out: collections.deque = collections.deque()   # (done event, tensor, nbytes)
+        self.out_bytes = 0
+
+
+class ActivationSwapper:
+    """pack/unpack for torch.autograd.graph.saved_tensors_hooks; see the module docstring.
+
+    The owner (context.py) calls begin_forward()/end_forward(outputs) around each forward
+    of the model and sets `current_module` (for the report) and `pending_grad(device)`.
+    """
+
+    def __init__(self, cfg: SwapConfig, store: HostStore, report: SwapReport, clock: CopyClock):
+        self.cfg, self.store, self.report, self.clock = cfg, store, report, clock
+        self.gen: Generation | None = None
+        self.prev: Generation | None = None
+        self.current_module = ""
+        self.pending_grad = lambda device: 0
+        self.trace: list[tuple] = []
+        self._states: dict[torch.device, _DeviceState] = {}
+        self._gens = 0
+        self._node_hooks: list = []
+
+    def state(self, device: torch.device) -> _DeviceState:
+        st = self._states.get(device)
+        if st is None:
+            st = self._states[device] = _DeviceState(device, self.cfg)
+        return st
+
+    def _log(self, kind: str, gen: Generation, index: int, nbytes: int) -> None:
+        if self.cfg.trace:
+            self.trace.append((kind, gen.id, index, nbytes))
+
+    # ---- forward boundaries -------------------------------------------------------------
+    def begin_forward(self) -> None:
+        self._gens += 1
+        self.gen = Generation(self._gens)
+        self.report.forwards += 1
+        for st in self._states.values():
+            self._drain(st)
+        self.clock.fold()
+
+    def end_forward(self, outputs: list[torch.Tensor]) -> None:
+        gen, self.gen = self.gen, None
+        if gen is None:
+            return
+        gen.seen.clear()  # drop our references to this forward's tensors and handles
+        for st in self._states.values():
+            if st.plan is not None and st.plan_gen == gen.id:
+                st.policy.end(st.plan)
+                gen.window = max(gen.window, st.policy.window(st.plan.largest))
+        gen.plan_schedule(self.prev)
+        self.prev = gen
+        self._node_hooks = [h for h in self._node_hooks if h[0]() is not None]
+        if gen.items:
+            gref = weakref.ref(gen)
+            for node in {t.grad_fn for t in outputs if t.grad_fn is not None}:
+                hook = node.register_prehook(lambda grads, g=gref: self._start_backward(g()))
+                self._node_hooks.append((gref, hook))
+
+    def remove_node_hooks(self) -> None:
+        for _, hook in self._node_hooks:
+            hook.remove()
+        self._node_hooks.clear()
+
+    def _start_backward(self, gen: Generation | None) -> None:
+        if gen is not None:
+            gen.start_backward()
+            self._prefetch(gen)
+
+    # ---- pack ------------------------------------------------------------------------
+    def pack(self, t: torch.Tensor):
+        if isinstance(t, torch.nn.Parameter) or (t.requires_grad and t.is_leaf):
+            return t  # lives elsewhere anyway: moving it frees nothing
+        rep = self.report
+        rep.saved_tensors += 1
+        gen = self.gen
+        if gen is None or (t.device.type != "cuda" and not self.cfg.force_copy):
+            return t  # saved outside the model's forward, or already in host memory
+        nbytes = t.numel() * t.element_size()
+        if nbytes < self.cfg.min_swap_bytes:
+            rep.small_tensors += 1
+            return t
+        key = (t.data_ptr(), t.dtype, t.shape, t.stride(), t._version)
+        hit = gen.seen.get(key)
+        if hit is not None:
+            first = hit[0]()
+            if first is not None:
+                rep.deduplicated += 1
+                if hit[1] is None:
+                    return first
+                hit[1].packs += 1
+                return hit[1]
+        if not dense(t):  # a strided view (of a weight, say): copying it frees nothing
+            rep.strided_tensors += 1
+            return t
+        st = self.state(t.device)
+        if st.plan_gen != gen.id:
+            alloc = torch.cuda.memory_allocated(t.device) if st.cuda else 0
+            st.plan, st.plan_gen = st.policy.begin(alloc, self.pending_grad(t.device)), gen.id
+        cand = len(gen.sizes)
+        gen.sizes.append(nbytes)
+        if not st.policy.offload(st.plan, nbytes):
+            rep.kept_tensors += 1
+            rep.kept_bytes += nbytes
+            gen.seen[key] = (weakref.ref(t), None)
+            self._log("keep", gen, cand, nbytes)
+            return t
+        h = self._offload(t, nbytes, st, gen, cand)
+        gen.seen[key] = (weakref.ref(t), h)
+        return h
+
+    def _offload(self, t: torch.Tensor, nbytes: int, st: _DeviceState, gen: Generation,
+                 cand: int) -> Handle:
+        h = Handle(gen, cand, self.store, self.store.alloc(nbytes), t, nbytes)
+        flat = t.as_strided((t.numel(),), (1,), t.storage_offset())
+        if st.cuda:
+            d2h = st.lanes.d2h
+            # Stream wait: t is produced by kernels queued on the compute stream.
+            d2h.wait_stream(torch.cuda.current_stream(t.device))
+            with torch.cuda.stream(d2h):
+                mark = self.clock.start(d2h)
+                h.host.copy_(flat, non_blocking=True)
+                self.clock.stop(mark, "copy", d2h)
+                h.event = torch.cuda.Event()
+                h.event.record(d2h)
+            # Buffer reuse: t's device memory must not be handed out again while the d2h
+            # stream reads it, so t stays referenced here until its copy is done.
+            st.out.append((h.event, t, nbytes))
+            st.out_bytes += nbytes
+            self._throttle(st)
+        else:
+            mark = self.clock.start(None)
+            h.host.copy_(flat)
+            self.clock.stop(mark, "copy", None)
+        rep = self.report
+        rep.offloaded_tensors += 1
+        rep.bytes_to_host += nbytes
+        if self.cfg.by_module:
+            rep.by_module[self.current_module] = rep.by_module.get(self.current_module, 0) + nbytes
+        self._log("offload", gen, h.index, nbytes)
+        return h
+
+    def _drain(self, st: _DeviceState) -> None:
+        """Let go of device tensors whose copy to the host is done (frees their memory)."""
+        while st.out and st.out[0][0].query():
+            st.out_bytes -= st.out.popleft()[2]
+
+    def _throttle(self, st: _DeviceState) -> None:
+        self._drain(st)
+        window = st.policy.window(st.plan.largest if st.plan else 0)
+        while st.out_bytes > window and len(st.out) > 1:
+            t0 = time.perf_counter()
+            host_wait(st.out[0][0])  # host sync: bounds device memory waiting to go out
+            self.report.host_wait_s += time.perf_counter() - t0
+            self._drain(st)
+
+    # ---- unpack ----------------------------------------------------------------------
+    def unpack(self, obj):
+        if not isinstance(obj, Handle):
+            return obj
+        h, gen = obj, obj.gen
+        st = self.state(h.device)
+        if st.cuda:
+            self._drain(st)
+        if h.dev is None:
+            self._fetch(h, st, "fetch")
+            for s in gen.siblings(h):  # the same node uses these next (save order)
+                self._fetch(s, st, "sibling")
+        elif h.ahead:
+            h.ahead = False
+            gen.inflight -= h.nbytes
+        if not h.used:
+            h.used = True
+            if gen.backwards <= 1:
+                gen.used.append(h.cand)
+        x = h.dev
+        self._log("use", gen, h.index, h.nbytes)
+        self._prefetch(gen)
+        if st.cuda:
+            cur = torch.cuda.current_stream(h.device)
+            mark = self.clock.start(cur)
+            cur.wait_event(h.ready)  # stream wait: the copy into x has landed
+            self.clock.stop(mark, "stall", cur)
+        h.unpacks += 1
+        if h.unpacks >= h.packs:  # every saver has it now; a second backward fetches again
+            h.dev, h.unpacks = None, 0
+        return x
+
+    def _prefetch(self, gen: Generation) -> None:
+        while True:
+            h = gen.next_ahead()
+            if h is None or (gen.inflight > 0 and gen.inflight + h.nbytes > gen.window):
+                return
+            self._fetch(h, self.state(h.device), "prefetch")
+            h.ahead = True
+            gen.inflight += h.nbytes
+
+    def _fetch(self, h: Handle, st: _DeviceState, kind: str) -> None:
+        x = torch.empty_strided(h.shape, h.stride, dtype=h.dtype, device=h.device)
+        flat = x.as_strided((h.host.numel(),), (1,), 0)
+        if st.cuda:
+            h2d = st.lanes.h2d
+            # Stream wait: x's memory may come from tensors freed by kernels still queued on
+            # the compute stream; write it only after them.
+            h2d.wait_stream(torch.cuda.current_stream(h.device))
+            st.lanes.wait(h2d, h.event)  # stream wait: the copy out to the host is done
+            with torch.cuda.stream(h2d):
+                mark = self.clock.start(h2d)
+                flat.copy_(h.host, non_blocking=True)
+                self.clock.stop(mark, "copy", h2d)
+                h.ready = torch.cuda.Event()
+                h.ready.record(h2d)
+            h.event = h.ready
+        else:
+            mark = self.clock.start(None)
+            flat.copy_(h.host)
+            self.clock.stop(mark, "copy", None)
+        h.dev = x
+        rep = self.report
+        rep.fetched_tensors += 1
+        rep.bytes_to_device += h.nbytes
+        rep.prefetched_tensors += int(kind == "prefetch")
+        self._log(kind, h.gen, h.index, h.nbytes)
+
+    def finish(self) -> None:
+        """Wait for copies out (a host sync) so every device tensor we hold is released."""
+        for st in self._states.values():
+            while st.out:
+                host_wait(st.out[0][0])  # host sync: closing; let go of every device tensor
+                st.out_bytes -= st.out.popleft()[2]
+        self.clock.fold(block=True)

@@ -1,0 +1,152 @@
+"""`outcore.swap(model, ...)`: swapping for one model, as a context manager or an object.
+
+    with outcore.swap(model, gpu_memory="16GiB", min_swap_bytes="1MiB"):
+        loss = loss_fn(model(x), y)
+        loss.backward()
+    optimizer.step()
+
+    s = outcore.swap(model, gpu_memory="16GiB")     # or for a whole loop
+    for x, y in data: ...
+    print(s.report().summary()); s.close()
+
+Hooks go on from construction until close() (or the end of the `with` block, also on an
+exception). The saved-tensor hooks are pushed by a forward pre-hook of `model` and popped
+by its forward hook (always_call, so also when forward raises): they cover exactly the
+tensors saved inside model's forward, nest with other swaps (the innermost one packs) and
+never stay on autograd's hook stack after the forward. close() removes every module hook,
+puts every parameter back on the device, and waits for copies still in flight.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+from torch import nn
+from torch.autograd.graph import saved_tensors_hooks
+
+from .activations import ActivationSwapper
+from .config import SwapConfig
+from .host import HostStore
+from .params import ParamSwapper, _tensors
+from .report import CopyClock, SwapReport
+
+_OPTIONS = {f.name for f in dataclasses.fields(SwapConfig)}
+
+
+class Swap:
+    """Tensor swapping for `model`; see the module docstring. Build it with `swap()`."""
+
+    def __init__(self, model: nn.Module, config: SwapConfig, store: HostStore | None = None):
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"outcore.swap needs a torch.nn.Module, got {type(model).__name__}")
+        if store is not None and not isinstance(store, HostStore):
+            raise TypeError(f"store must be an outcore.swap.HostStore, got {type(store).__name__}")
+        self.model, self.config = model, config
+        self._own_store = store is None
+        self.store = store or HostStore(config.slab_bytes, config.host_memory)
+        self._report = SwapReport()
+        self.clock = CopyClock(self._report, config.timing)
+        self.acts = ActivationSwapper(config, self.store, self._report, self.clock)
+        self.acts.pending_grad = self._pending_grad
+        self._stack: list[saved_tensors_hooks] = []
+        self._depth = 0
+        self.closed = False
+        self.params = None
+        self._handles = [model.register_forward_pre_hook(self._enter)]
+        try:
+            if config.swap_params:
+                self.params = ParamSwapper(model, self.store, self._report, self.clock,
+                                           config.param_prefetch_bytes, config.force_copy)
+                self._handles += self.params.install()
+            if config.by_module:
+                for name, mod in model.named_modules():
+                    if next(mod.children(), None) is None:
+                        self._handles.append(mod.register_forward_pre_hook(
+                            lambda m, a, n=name: setattr(self.acts, "current_module", n)))
+            self._handles.append(model.register_forward_hook(self._exit, always_call=True))
+        except BaseException:
+            self.close()
+            raise
+
+    # ---- forward boundaries ---------------------------------------------------------------
+    def _enter(self, module, args) -> None:
+        self._depth += 1
+        if self._depth == 1:
+            if self.params is not None:
+                self.params.begin_forward()
+            self.acts.begin_forward()
+        ctx = saved_tensors_hooks(self.acts.pack, self.acts.unpack)
+        ctx.__enter__()
+        self._stack.append(ctx)
+
+    def _exit(self, module, args, output) -> None:
+        if self._stack:
+            self._stack.pop().__exit__(None, None, None)
+        self._depth = max(0, self._depth - 1)
+        if self._depth == 0:
+            outs = _tensors(output)
+            self.acts.end_forward(outs)
+            if self.params is not None:
+                self.params.end_forward(outs)
+
+    def _pending_grad(self, device: torch.device) -> int:
+        return sum(p.numel() * p.element_size() for p in self.model.parameters()
+                   if p.requires_grad and p.grad is None and p.device == device)
+
+    # ---- public ---------------------------------------------------------------------------
+    def report(self) -> SwapReport:
+        """Counters so far (waits for pending copy timings: a host sync)."""
+        self.clock.fold(block=True)
+        self._report.host_reserved_bytes = self.store.reserved_bytes
+        self._report.host_peak_bytes = self.store.peak_in_use_bytes
+        return self._report.snapshot()
+
+    @property
+    def trace(self) -> list[tuple]:
+        """Every keep/offload/fetch decision in order (with trace=True)."""
+        return self.acts.trace
+
+    def close(self) -> None:
+        """Remove every hook, put parameters back on the device, release host memory."""
+        if self.closed:
+            return
+        self.closed = True
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+        while self._stack:  # only when close() runs inside the model's forward
+            self._stack.pop().__exit__(None, None, None)
+        self.acts.remove_node_hooks()
+        self.acts.finish()
+        if self.params is not None:
+            self.params.close()
+        self.report()
+        if self._own_store:
+            self.store.release()
+
+    def __enter__(self) -> "Swap":
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        self.close()
+        return False
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else "active"
+        return f"Swap({type(self.model).__name__}, {self.config}, {state})"
+
+
+def swap(model: nn.Module, gpu_memory=None, min_swap_bytes="1MiB", *,
+         store: HostStore | None = None, **options) -> Swap:
+    """Swap `model`'s saved activations (and, with swap_params=True, its parameters)
+    between the device and pinned host memory; see SwapConfig for every option."""
+    unknown = sorted(set(options) - _OPTIONS)
+    if unknown:
+        raise TypeError(f"outcore.swap got unknown option(s) {', '.join(unknown)}: "
+                        f"choose from {', '.join(sorted(_OPTIONS - {'gpu_memory', 'min_swap_bytes'}))}")
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"outcore.swap needs a torch.nn.Module, got {type(model).__name__}")
+    cfg = SwapConfig.build(gpu_memory=gpu_memory, min_swap_bytes=min_swap_bytes, **options)
+    return Swap(model, cfg, store)
+

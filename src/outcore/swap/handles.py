@@ -1,0 +1,128 @@
+"""The bookkeeping of swapped activations: one Handle per tensor, one Generation per forward.
+
+Generation.schedule is the order backward is expected to use the handles in:
+  - the first-use order seen in the previous forward's backward, when that forward saved
+    the same sizes (a training loop: every step but the first);
+  - else the reverse of the save order. Backward runs nodes in about reverse creation
+    order, but a node uses its own saved tensors in save order (BatchNorm: input, then
+    its statistics), so a fetch on demand also fetches the handles saved right after it
+    (its "siblings") until one that is already fetched or used.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+
+from .host import HostStore, Run
+
+
+def dense(t: torch.Tensor) -> bool:
+    """True when t's elements fill storage[offset : offset + numel] (any dim order we know)."""
+    if t.is_contiguous():
+        return True
+    if t.dim() == 4:
+        return t.is_contiguous(memory_format=torch.channels_last)
+    if t.dim() == 5:
+        return t.is_contiguous(memory_format=torch.channels_last_3d)
+    return False
+
+
+class Handle:
+    """One swapped tensor: where its bytes are on the host, and its device copy if fetched.
+
+    host: numel elements in a HostStore run; dev: the device copy (shape and strides of the
+    original), held from its fetch until every pack of it was unpacked.
+    """
+
+    __slots__ = ("gen", "index", "cand", "store", "run", "host", "shape", "stride", "dtype",
+                 "device", "nbytes", "event", "dev", "ready", "packs", "unpacks", "ahead",
+                 "used", "__weakref__")
+
+    def __init__(self, gen: "Generation", cand: int, store: HostStore, run: Run,
+                 t: torch.Tensor, nbytes: int):
+        self.gen, self.index, self.cand = gen, len(gen.items), cand
+        self.store, self.run = store, run
+        self.host = run.view(t.dtype, t.numel())
+        self.shape, self.stride, self.dtype = t.shape, t.stride(), t.dtype
+        self.device, self.nbytes = t.device, nbytes
+        self.event = None      # last copy touching the host run (d2h, then each h2d)
+        self.dev = None
+        self.ready = None      # h2d copy into `dev` done
+        self.packs, self.unpacks = 1, 0
+        self.ahead = False     # fetched ahead of use and not used yet (counts in inflight)
+        self.used = False      # used in the current backward
+        gen.items.append(weakref.ref(self))
+
+    def __del__(self):
+        # Buffer reuse: the host run is reused only after the last copy touching it is done.
+        try:
+            self.store.free(self.run, after=self.event)
+        except Exception:  # interpreter shutdown: nothing left to return the run to
+            pass
+
+
+class Generation:
+    """The handles of one forward (pack order), the backward schedule and its cursor."""
+
+    __slots__ = ("id", "items", "sizes", "seen", "schedule", "cursor", "inflight", "window",
+                 "used", "backwards", "__weakref__")
+
+    def __init__(self, gid: int):
+        self.id = gid
+        self.items: list[weakref.ref] = []   # weak: autograd owns the handles
+        self.sizes: list[int] = []           # every swap candidate's bytes, kept ones too
+        self.seen: dict[tuple, tuple] = {}   # dedup key -> (weakref to tensor, handle|None)
+        self.schedule: list[weakref.ref] = []
+        self.cursor = 0                      # first schedule position not yet fetched
+        self.inflight = 0                    # bytes fetched ahead and not used yet
+        self.window = 0                      # prefetch window, bytes
+        self.used: list[int] = []            # candidate indices in first-use order
+        self.backwards = 0
+
+    def plan_schedule(self, prev: "Generation | None") -> None:
+        """Order the handles for backward (see the module docstring)."""
+        default = range(len(self.items) - 1, -1, -1)
+        order: list[int] = []
+        if prev is not None and prev.used and prev.sizes == self.sizes:
+            by_cand = {}
+            for i, ref in enumerate(self.items):
+                h = ref()
+                if h is not None:
+                    by_cand[h.cand] = i
+            order = [by_cand[c] for c in prev.used if c in by_cand]
+        taken = set(order)
+        order += [i for i in default if i not in taken]
+        self.schedule = [self.items[i] for i in order]
+        self.cursor = 0
+
+    def start_backward(self) -> None:
+        self.backwards += 1
+        self.cursor, self.inflight = 0, 0
+        if self.backwards > 1:  # retain_graph: a second pass over the same handles
+            for ref in self.items:
+                h = ref()
+                if h is not None:
+                    h.used, h.ahead = False, False
+
+    def siblings(self, h: Handle) -> list[Handle]:
+        """Handles saved right after h and not fetched or used yet (same autograd node)."""
+        out = []
+        for ref in self.items[h.index + 1:]:
+            s = ref()
+            if s is None or s.dev is not None or s.used:
+                break
+            out.append(s)
+        return out
+
+    def next_ahead(self) -> Handle | None:
+        """The next handle to prefetch per the schedule, or None; moves the cursor."""
+        sched = self.schedule
+        while self.cursor < len(sched):
+            h = sched[self.cursor]()
+            if h is not None and h.dev is None and not h.used:
+                return h
+            self.cursor += 1
+        return None
+

@@ -1,0 +1,242 @@
+"""Parameter swapping (opt-in): weights of modules not running live in host memory.
+
+When parameters live where, for each managed parameter p (one that owns its whole storage):
+  between steps   on the device, so optimizers, zero_grad and state_dict work unchanged
+  forward         at the model's forward start p is copied to its host run (only if it
+                  changed since the last copy: p._version) and its device storage is
+                  freed (storage.resize_(0): autograd keeps the same tensor object). Its
+                  module's forward pre-hook fetches it (the next modules' are prefetched in
+                  the previous forward's order) and its forward hook frees it again.
+  backward        a pre-hook on the module's output node fetches p before the module's
+                  backward runs (earlier modules prefetched); p then stays, so its .grad
+                  lands on the device next to it. A final callback fetches whatever
+                  backward did not use, so after .backward() every p is on the device.
+A parameter used outside the forward of the module that owns it is not supported.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.utils._pytree import tree_leaves
+
+from ..errors import OutcoreError
+from ..transfer import Lanes, host_wait
+from .host import HostStore
+from .report import CopyClock, SwapReport
+
+_OWNED: dict[int, object] = {}   # id(param) -> ParamSwapper managing it (refuse nesting)
+
+
+class _Slot:
+    __slots__ = ("param", "run", "host", "nbytes", "on_device", "version", "ready", "event")
+
+    def __init__(self, p: nn.Parameter, store: HostStore):
+        self.param = p
+        self.nbytes = p.numel() * p.element_size()
+        self.run = store.alloc(self.nbytes)
+        self.host = self.run.view(p.dtype, p.numel())
+        self.on_device = True
+        self.version = None      # p._version when the host copy was made
+        self.ready = None        # h2d copy into p done (compute must wait)
+        self.event = None        # last copy touching the host run
+
+
+def _owns_storage(p: torch.Tensor) -> bool:
+    return (p.numel() > 0 and p.is_contiguous() and p.storage_offset() == 0
+            and p.untyped_storage().nbytes() == p.numel() * p.element_size())
+
+
+def _tensors(output) -> list[torch.Tensor]:
+    return [t for t in tree_leaves(output) if isinstance(t, torch.Tensor)]
+
+
+class ParamSwapper:
+    """Moves the parameters of `model`'s modules; see the module docstring."""
+
+    def __init__(self, model: nn.Module, store: HostStore, report: SwapReport,
+                 clock: CopyClock, window: int, force_copy: bool):
+        self.store, self.report, self.clock, self.window = store, report, clock, window
+        self.units: list[list[_Slot]] = []
+        self.modules: list[nn.Module] = []
+        self.slots: dict[int, _Slot] = {}
+        self.lanes: dict[torch.device, Lanes] = {}
+        for mod in model.modules():
+            unit = []
+            for p in mod.parameters(recurse=False):
+                if not (p.is_cuda or force_copy) or not _owns_storage(p):
+                    continue
+                if id(p) in _OWNED and _OWNED[id(p)] is not self:
+                    raise OutcoreError("a parameter is already swapped by an enclosing "
+                                       "outcore.swap: pass swap_params=False to the inner one")
+                if id(p) not in self.slots:
+                    self.slots[id(p)] = _Slot(p, store)
+                    _OWNED[id(p)] = self
+                unit.append(self.slots[id(p)])
+            if unit:
+                self.units.append(unit)
+                self.modules.append(mod)
+        self.order: list[int] = []        # units in first-call order, this forward
+        self.prev: list[int] = []         # ... and in the previous forward
+        self.bwd: list[int] = []          # order of the forward that built the graph
+        self._queued = False
+        self.closed = False
+        self._node_hooks: list = []
+        self._pos: dict[int, int] = {}
+        self._prev_pos: dict[int, int] = {}
+        self._bwd_pos: dict[int, int] = {}
+
+    def install(self) -> list:
+        handles = []
+        for u, mod in enumerate(self.modules):
+            handles.append(mod.register_forward_pre_hook(lambda m, a, u=u: self._pre(u)))
+            handles.append(mod.register_forward_hook(lambda m, a, o, u=u: self._post(u, o),
+                                                     always_call=True))
+        return handles
+
+    def _lanes(self, device: torch.device) -> Lanes:
+        if device not in self.lanes:
+            self.lanes[device] = Lanes(device)
+        return self.lanes[device]
+
+    # ---- moves -------------------------------------------------------------------------
+    def _out(self, s: _Slot) -> None:
+        """Copy p to its host run if it changed, then free its device storage."""
+        p = s.param
+        lanes = self._lanes(p.device)
+        if s.version != p._version:
+            if lanes.cuda:
+                d2h = lanes.d2h
+                d2h.wait_stream(torch.cuda.current_stream(p.device))  # stream wait: p's last writes
+                with torch.cuda.stream(d2h):
+                    mark = self.clock.start(d2h)
+                    s.host.copy_(p.data.view(-1), non_blocking=True)
+                    self.clock.stop(mark, "copy", d2h)
+                    s.event = torch.cuda.Event()
+                    s.event.record(d2h)
+                # Buffer reuse: p's block is handed out again only after the d2h read.
+                p.data.record_stream(d2h)
+            else:
+                s.host.copy_(p.data.view(-1))
+            s.version = p._version
+            self.report.param_bytes_to_host += s.nbytes
+        p.untyped_storage().resize_(0)
+        s.on_device, s.ready = False, None
+
+    def _in(self, s: _Slot) -> None:
+        """Give p its device storage back and copy it in on the h2d stream."""
+        p = s.param
+        lanes = self._lanes(p.device)
+        p.untyped_storage().resize_(s.nbytes)
+        if lanes.cuda:
+            h2d = lanes.h2d
+            # Stream wait: the new storage may reuse memory of tensors freed by kernels still
+            # queued on the compute stream; write it only after them.
+            h2d.wait_stream(torch.cuda.current_stream(p.device))
+            lanes.wait(h2d, s.event)  # stream wait: the copy out to the host is done
+            with torch.cuda.stream(h2d):
+                mark = self.clock.start(h2d)
+                p.data.view(-1).copy_(s.host, non_blocking=True)
+                self.clock.stop(mark, "copy", h2d)
+                s.ready = torch.cuda.Event()
+                s.ready.record(h2d)
+            s.event = s.ready
+        else:
+            p.data.view(-1).copy_(s.host)
+        s.on_device = True
+        self.report.param_bytes_to_device += s.nbytes
+
+    def _fetch(self, u: int) -> int:
+        nbytes = 0
+        for s in self.units[u]:
+            if not s.on_device:
+                self._in(s)
+                nbytes += s.nbytes
+        return nbytes
+
+    def _use(self, u: int) -> None:
+        """Fetch unit u if needed and make the current stream wait for its copies."""
+        self._fetch(u)
+        for s in self.units[u]:
+            if s.ready is not None:
+                cur = torch.cuda.current_stream(s.param.device)
+                mark = self.clock.start(cur)
+                cur.wait_event(s.ready)  # stream wait: the weights have landed
+                self.clock.stop(mark, "stall", cur)
+                s.ready = None
+
+    def _ahead(self, order: list[int], start: int, step: int) -> None:
+        """Prefetch units order[start], order[start + step], ... up to `window` bytes."""
+        got, i = 0, start
+        while 0 <= i < len(order) and got < self.window:
+            self._fetch(order[i])
+            got += sum(s.nbytes for s in self.units[order[i]])
+            i += step
+
+    # ---- hooks -------------------------------------------------------------------------
+    def begin_forward(self) -> None:
+        self.prev, self.order = self.order, []
+        self._prev_pos = {u: i for i, u in enumerate(self.prev)}
+        self._pos: dict[int, int] = {}
+        self._node_hooks = []  # the previous forward's graph keeps its hooks; see close()
+        for s in self.slots.values():
+            if s.on_device:
+                self._out(s)
+
+    def _pre(self, u: int) -> None:
+        if u not in self._pos:
+            self._pos[u] = len(self.order)
+            self.order.append(u)
+        self._use(u)
+        if u in self._prev_pos:
+            self._ahead(self.prev, self._prev_pos[u] + 1, +1)
+
+    def _post(self, u: int, output) -> None:
+        if torch.is_grad_enabled():
+            nodes = {t.grad_fn for t in _tensors(output) if t.grad_fn is not None}
+            for node in nodes:
+                self._node_hooks.append(node.register_prehook(lambda g, u=u: self._backward(u)))
+        for s in self.units[u]:
+            if s.on_device:
+                self._out(s)
+
+    def _backward(self, u: int) -> None:
+        if self.closed:  # a graph that outlived the swap: parameters are on the device
+            return
+        if not self._queued:
+            self._queued = True
+            # Runs when this backward ends: every parameter back on the device for the step.
+            torch.autograd.Variable._execution_engine.queue_callback(self._after_backward)
+        self._use(u)
+        if u in self._bwd_pos:
+            self._ahead(self.bwd, self._bwd_pos[u] - 1, -1)
+
+    def _after_backward(self) -> None:
+        self._queued = False
+        if not self.closed:
+            self.restore()
+
+    def end_forward(self, outputs: list[torch.Tensor]) -> None:
+        self.bwd = list(self.order)
+        self._bwd_pos = dict(self._pos)
+        if not (torch.is_grad_enabled() and any(t.grad_fn is not None for t in outputs)):
+            self.restore()  # no backward will come to fetch them
+
+    def restore(self) -> None:
+        """Every parameter on the device, usable on the current stream."""
+        for u in range(len(self.units)):
+            self._use(u)
+
+    def close(self) -> None:
+        """Restore every parameter, wait for the copies, return the host runs."""
+        self.restore()
+        self.closed = True
+        for h in self._node_hooks:
+            h.remove()
+        self._node_hooks.clear()
+        for s in self.slots.values():
+            if s.event is not None:
+                host_wait(s.event)  # host sync: closing; the host run is about to be reused
+            self.store.free(s.run)
+            _OWNED.pop(id(s.param), None)
+        self.slots.clear()

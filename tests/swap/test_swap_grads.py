@@ -1,0 +1,205 @@
+"""Swapped activations give exactly the gradients, outputs and BatchNorm stats of plain
+PyTorch; the offload path runs on the CPU through force_copy."""
+
+import torch
+from torch import nn
+
+import outcore
+from swap_testlib import assert_same_grads, assert_same_state, batch, loss_of, tiny_cnn, twin
+
+FORCE = dict(min_swap_bytes=1, force_copy=True)
+
+
+def test_gradients_outputs_and_batchnorm_equal_plain():
+    plain = tiny_cnn()
+    swapped = twin(plain)
+    x, y = batch(8)
+    ref_out = plain(x)
+    nn.functional.cross_entropy(ref_out, y).backward()
+    with outcore.swap(swapped, **FORCE) as s:
+        out = swapped(x)
+        nn.functional.cross_entropy(out, y).backward()
+    assert torch.equal(out, ref_out)
+    assert_same_grads(plain, swapped)
+    assert_same_state(plain, swapped)           # running stats updated once, identically
+    assert int(swapped[1].num_batches_tracked) == 1
+    r = s.report()
+    assert r.offloaded_tensors > 5 and r.bytes_to_host > 0
+    assert r.bytes_to_device == r.bytes_to_host  # each swapped tensor came back exactly once
+
+
+def test_several_steps_with_optimizer_match_plain():
+    plain, swapped = tiny_cnn(), tiny_cnn()
+    opt_a = torch.optim.SGD(plain.parameters(), lr=0.1, momentum=0.9)
+    opt_b = torch.optim.SGD(swapped.parameters(), lr=0.1, momentum=0.9)
+    s = outcore.swap(swapped, **FORCE)
+    for step in range(3):
+        x, y = batch(6, seed=step)
+        for model, opt in ((plain, opt_a), (swapped, opt_b)):
+            opt.zero_grad()
+            loss_of(model, x, y).backward()
+            opt.step()
+        assert_same_grads(plain, swapped)
+    s.close()
+    assert_same_state(plain, swapped)
+    assert s.report().forwards == 3
+
+
+def test_autocast_bf16_matches_plain_autocast():
+    plain = tiny_cnn()
+    swapped = twin(plain)
+    x, y = batch(4)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss_a = loss_of(plain, x, y)
+    loss_a.backward()
+    with outcore.swap(swapped, **FORCE) as s:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss_b = loss_of(swapped, x, y)
+        loss_b.backward()
+    assert torch.equal(loss_a, loss_b)
+    assert_same_grads(plain, swapped)
+    assert s.report().offloaded_tensors > 0
+
+
+def test_small_tensors_stay():
+    model = tiny_cnn()
+    x, y = batch(2)
+    with outcore.swap(model, min_swap_bytes="1MiB", force_copy=True) as s:
+        loss_of(model, x, y).backward()
+    r = s.report()
+    assert r.offloaded_tensors == 0 and r.small_tensors == r.saved_tensors > 0
+
+
+class Square(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(32, 32)
+
+    def forward(self, x):
+        y = torch.relu(self.lin(x))   # relu saves y
+        return y * y                  # mul saves y twice more
+
+
+def test_one_copy_for_a_tensor_saved_three_times():
+    torch.manual_seed(0)
+    plain = Square()
+    swapped = twin(plain)
+    x = torch.randn(16, 32)
+    plain(x).sum().backward()
+    with outcore.swap(swapped, **FORCE) as s:
+        swapped(x).sum().backward()
+    assert_same_grads(plain, swapped)
+    r = s.report()
+    assert r.deduplicated == 2
+    assert r.offloaded_tensors == 2       # x (saved by the linear) and y once
+    assert r.bytes_to_host == 2 * 16 * 32 * 4 == r.bytes_to_device
+
+
+def _events(trace, gen, kinds):
+    return [e[2] for e in trace if e[1] == gen and e[0] in kinds]
+
+
+FETCHES = ("fetch", "sibling", "prefetch")
+
+
+def test_prefetch_reverse_save_order_then_learned_order():
+    model = tiny_cnn()
+    with outcore.swap(model, prefetch_bytes=1, trace=True, **FORCE) as s:
+        for step in range(2):
+            x, y = batch(4, seed=step)
+            model.zero_grad()
+            loss_of(model, x, y).backward()
+    n = s.report().offloaded_tensors // 2
+    # Step 1: every tensor comes back once; what is fetched ahead goes in reverse save order.
+    assert sorted(_events(s.trace, 1, FETCHES)) == list(range(n))
+    ahead = _events(s.trace, 1, ("prefetch",))
+    assert ahead == sorted(ahead, reverse=True) and len(ahead) >= n // 3
+    # Step 2: the order step 1's backward used; everything fetched ahead, one at a time.
+    used1 = list(dict.fromkeys(_events(s.trace, 1, ("use",))))
+    assert _events(s.trace, 2, ("prefetch",)) == used1
+    assert _events(s.trace, 2, ("fetch", "sibling")) == []
+    step2 = [e for e in s.trace if e[1] == 2 and e[0] in ("prefetch", "use")]
+    for i, e in enumerate(step2[1:-1], start=1):   # one ahead: k+1 is fetched right after k's use
+        if e[0] == "prefetch" and i > 1:
+            assert step2[i - 1][0] == "use"
+
+
+def test_prefetch_window_bounds_bytes_ahead():
+    model = tiny_cnn(channels=16)
+    x, y = batch(8)
+    window = 3 * 8 * 16 * 16 * 16 * 4   # about three of the largest activations
+    with outcore.swap(model, prefetch_bytes=window, trace=True, **FORCE) as s:
+        loss_of(model, x, y).backward()
+    ahead, peak, used = 0, 0, set()
+    for kind, _, k, nb in s.trace:
+        if kind == "prefetch":
+            ahead += nb
+            peak = max(peak, ahead)
+            assert ahead <= window or ahead == nb
+        elif kind == "use" and k not in used:
+            used.add(k)
+            ahead -= nb
+    assert peak > max(nb for kind, _, _, nb in s.trace if kind == "offload")  # > 1 ahead
+    assert ahead == 0
+
+
+def test_retain_graph_second_backward_refetches():
+    plain = tiny_cnn()
+    swapped = twin(plain)
+    x, y = batch(4)
+    loss = loss_of(plain, x, y)
+    loss.backward(retain_graph=True)
+    loss.backward()
+    with outcore.swap(swapped, **FORCE) as s:
+        loss = loss_of(swapped, x, y)
+        loss.backward(retain_graph=True)
+        loss.backward()
+    assert_same_grads(plain, swapped)
+    r = s.report()
+    assert r.bytes_to_device == 2 * r.bytes_to_host
+
+
+def test_backward_after_the_block_still_works():
+    plain = tiny_cnn()
+    swapped = twin(plain)
+    x, y = batch(4)
+    loss_of(plain, x, y).backward()
+    with outcore.swap(swapped, **FORCE):
+        loss = loss_of(swapped, x, y)
+    loss.backward()
+    assert_same_grads(plain, swapped)
+
+
+class KeepsStrides(torch.autograd.Function):
+    seen: list = []
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        KeepsStrides.seen.append(x.stride())
+        return g * 2 + 0 * x
+
+
+def test_channels_last_comes_back_with_its_strides():
+    conv = nn.Conv2d(3, 8, 3).to(memory_format=torch.channels_last)
+    conv2 = twin(conv)
+    x = torch.randn(2, 3, 12, 12).to(memory_format=torch.channels_last)
+
+    def run(m):
+        h = torch.relu(m(x))
+        return KeepsStrides.apply(h).sum(), h.stride()
+
+    loss, stride = run(conv)
+    loss.backward()
+    KeepsStrides.seen.clear()
+    with outcore.swap(conv2, **FORCE) as s:
+        loss2, _ = run(conv2)
+    loss2.backward()
+    assert KeepsStrides.seen == [stride] and stride != torch.empty(2, 8, 10, 10).stride()
+    assert_same_grads(conv, conv2)
+    assert s.report().offloaded_tensors >= 1
