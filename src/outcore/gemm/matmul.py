@@ -1,0 +1,143 @@
+"""outcore.matmul: out = alpha * op(A) @ op(B) + beta * out on host-resident matrices.
+
+    C = outcore.matmul(A, B)                                  # every GPU, or the CPU
+    outcore.matmul(X, W, out=Y, transb=True, compute="bf16", gpu_memory="8GiB")
+
+The matrices stay in host memory (torch CPU tensors, numpy arrays, numpy memmaps: a
+matrix larger than RAM streams from disk); the devices pull C tiles from one shared queue
+(schedule.py), cache blocks of A and B (cache.py) and write finished tiles straight into
+`out` (worker.py). Pinned inputs and a pinned `out` are copied by DMA directly; anything
+else goes through pinned staging buffers (a host memcpy per block: pin once and pass
+`out` for the best rate).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from ..errors import OutcoreError
+from .hostmat import HostMatrix
+from .plan import make_plan
+from .schedule import TileQueue, run_workers
+from .stats import DeviceStats, GemmStats
+from .validate import (check_matrix, check_out, dtype_of, op_shape, resolve_budget,
+                       resolve_compute, resolve_devices)
+from .worker import DeviceWorker, GemmJob
+
+_PRECISION_LOCK = threading.RLock()
+
+
+@contextlib.contextmanager
+def _precision(compute: str, devices):
+    """fp32 GEMMs on GPUs in tf32 for compute="tf32", in full fp32 otherwise (the process-
+    wide setting is restored afterwards; concurrent matmul calls take turns)."""
+    if not any(d.type == "cuda" for d in devices):
+        yield
+        return
+    with _PRECISION_LOCK:
+        before = torch.get_float32_matmul_precision()
+        torch.set_float32_matmul_precision("high" if compute == "tf32" else "highest")
+        try:
+            yield
+        finally:
+            torch.set_float32_matmul_precision(before)
+
+
+def _labels(devices) -> list[str]:
+    names = [str(d) for d in devices]
+    return [f"{s}#{i}" if names.count(s) > 1 else s for i, s in enumerate(names)]
+
+
+def _new_out(a, m: int, n: int, dtype: torch.dtype):
+    if isinstance(a, np.ndarray):
+        return np.empty((m, n), dtype=np.float32 if dtype == torch.float32 else np.float64)
+    return torch.empty((m, n), dtype=dtype)
+
+
+def _scale(out, beta: float) -> None:
+    """out = beta * out (out = 0 when beta == 0: out is not read)."""
+    if isinstance(out, np.ndarray):
+        if beta == 0:
+            out[...] = 0
+        else:
+            out *= beta
+    elif beta == 0:
+        out.zero_()
+    else:
+        out.mul_(beta)
+
+
+def matmul(A, B, out=None, *, transa: bool = False, transb: bool = False, alpha: float = 1.0,
+           beta: float = 0.0, devices=None, gpu_memory=None, tile=None, compute=None,
+           progress: bool = False, return_stats: bool = False):
+    """out = alpha * op(A) @ op(B) + beta * out, op(X) = X.T if transX else X.
+
+    A: M x K (K x M if transa), B: K x N (N x K if transb), out: M x N; all host matrices
+    of one dtype (float32, float64; bfloat16 for torch tensors), any strides.
+    out=None: a new matrix of A's kind (torch tensor or numpy array); beta must then be 0.
+    compute: "fp64", "fp32", "tf32" or "bf16" (default: the dtype's own); tiles are
+        converted on the device, bf16 and tf32 accumulate in fp32.
+    devices: None (every GPU, or the CPU when there is none), "cpu", 0, "cuda:1", "0,1"
+        or a list; each is a worker pulling tiles from one queue.
+    gpu_memory: bytes (or "8GiB") each device may use for tiles and cache.
+    tile: T, or (rows, cols[, depth[, copy piece depth]]) to force tile sizes.
+    Returns out, or (out, GemmStats) with return_stats=True.
+    """
+    check_matrix(A, "A")
+    check_matrix(B, "B")
+    dtype = dtype_of(A)
+    if dtype_of(B) != dtype:
+        raise TypeError(f"A is {dtype} but B is {dtype_of(B)}: give both the same dtype")
+    (m, k), (k2, n) = op_shape(A, transa), op_shape(B, transb)
+    if k != k2:
+        raise OutcoreError(f"op(A) is {m}x{k} but op(B) is {k2}x{n}: the inner sizes {k} and {k2} "
+                           "differ; check the shapes and transa/transb")
+    alpha, beta = float(alpha), float(beta)
+    if out is None:
+        if beta != 0:
+            raise OutcoreError(f"beta={beta} needs an out to add to: pass out= or beta=0")
+        out = _new_out(A, m, n, dtype)
+    else:
+        check_out(out, m, n, dtype, A, B)
+    compute = resolve_compute(compute, dtype)
+    devs = resolve_devices(devices)
+    budget = resolve_budget(gpu_memory, devs)
+    labels = _labels(devs)
+    stats = GemmStats(m, n, k, compute, plan="", devices=[DeviceStats(s) for s in labels])
+    if m == 0 or n == 0:
+        return (out, stats) if return_stats else out
+    if k == 0:
+        _scale(out, beta)
+        return (out, stats) if return_stats else out
+
+    t0 = time.perf_counter()
+    hc = HostMatrix(out, "out")
+    if hc.flipped:
+        # column-major out: compute out.T = op(B).T @ op(A).T into its row-major storage
+        A, B, transa, transb, m, n = B, A, not transb, not transa, n, m
+    ha, hb = HostMatrix(A, "A"), HostMatrix(B, "B")
+    plan = make_plan(m, n, k, host_dtype=dtype, compute=compute, budget=budget, tile=tile,
+                     n_devices=len(devs),
+                     device_type="cuda" if any(d.type == "cuda" for d in devs) else "cpu")
+    stats.plan = plan.describe()
+    job = GemmJob(plan, ha, hb, hc, ta=transa ^ ha.flipped, tb=transb ^ hb.flipped,
+                  alpha=alpha, beta=beta)
+    tiles = plan.tiles()
+    lock = threading.Lock()
+    with _precision(compute, devs), tqdm(total=len(tiles), unit="tile", disable=not progress,
+                                         desc=f"gemm {m}x{n}x{k} {compute}") as bar:
+        def tick(n_done: int) -> None:
+            with lock:
+                bar.update(n_done)
+        workers = [DeviceWorker(d, job, s, tick) for d, s in zip(devs, stats.devices)]
+        run_workers(TileQueue(tiles, len(devs)), workers, first=plan.first_task)
+    if isinstance(out, np.memmap):
+        out.flush()
+    stats.wall_s = time.perf_counter() - t0
+    return (out, stats) if return_stats else out

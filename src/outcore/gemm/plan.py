@@ -1,0 +1,304 @@
+"""Sizing one out-of-core product before anything is allocated.
+
+    plan = make_plan(m, n, k, host_dtype=torch.float32, compute="bf16",
+                     budget=parse_bytes("8GiB"), n_devices=2, device_type="cuda")
+
+What one device holds (all of it counted against `budget`):
+  accumulators  n_acc x tile_m x tile_n in the accumulation dtype (fp32, fp64 for fp64)
+  C landing     2 x tile_m x tile_n in the host dtype, when it differs from the accumulator's
+  copy landing  2 pieces in the host dtype, when the compute dtype differs (tiles are
+                converted on the device, so the host is never asked to convert)
+  cache         n_slots blocks of max(tile_m, tile_n) x tile_k in the compute dtype
+
+The schedule is chosen here too (tile order, and for one device whether to stream the
+first part of K over all tiles first, see `estimate_seconds`), from the device rates in
+`Rates`: they only steer the schedule; a wrong guess costs speed, never correctness.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from ..errors import OutcoreError
+from ..units import fmt_bytes
+from .tiles import band_order, cdiv, growing_order, make_tiles, spans
+
+# compute name -> (dtype the tiles are multiplied in, dtype they are accumulated in)
+COMPUTE = {
+    "fp64": (torch.float64, torch.float64),
+    "fp32": (torch.float32, torch.float32),
+    "tf32": (torch.float32, torch.float32),
+    "bf16": (torch.bfloat16, torch.float32),
+}
+DEFAULT_COMPUTE = {torch.float64: "fp64", torch.float32: "fp32", torch.bfloat16: "bf16"}
+PIECE_BYTES = 32 << 20      # one copy (and event) per 32 MiB: compute starts early enough
+MIN_TILE = {"cuda": 64, "cpu": 4}
+DEFAULT_TILE = {"cuda": 4096, "cpu": 256}
+
+
+@dataclass(frozen=True)
+class Rates:
+    """Per-device rates the schedule is chosen with (H200 figures from DESIGN.md)."""
+    flops: dict = field(default_factory=lambda: {
+        "fp64": 60e12, "fp32": 51e12, "tf32": 414e12, "bf16": 801e12})
+    h2d: float = 55e9
+    d2h: float = 55e9
+
+
+@dataclass(frozen=True)
+class GemmPlan:
+    """Tile sizes, buffers and schedule of one product; see the module docstring."""
+    m: int
+    n: int
+    k: int
+    tile_m: int
+    tile_n: int
+    tile_k: int
+    piece_k: int
+    compute: str
+    host_dtype: torch.dtype
+    n_slots: int
+    n_acc: int
+    order: str = "grow"          # "grow", "rows" (A band resident) or "cols"
+    band: int = 1
+    prologue: int = 0            # pieces of K streamed over all tiles before tile-major
+    budget: int = 0
+    est_seconds: float | None = None
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        return COMPUTE[self.compute][0]
+
+    @property
+    def acc_dtype(self) -> torch.dtype:
+        return COMPUTE[self.compute][1]
+
+    @property
+    def mt(self) -> int:
+        return cdiv(self.m, self.tile_m)
+
+    @property
+    def nt(self) -> int:
+        return cdiv(self.n, self.tile_n)
+
+    @property
+    def nk(self) -> int:
+        return cdiv(self.k, self.tile_k)
+
+    @property
+    def first_task(self) -> int:
+        """Tiles a device takes in its first pull: all of them when there is a prologue."""
+        return self.mt * self.nt if self.prologue else 1
+
+    @property
+    def slot_numel(self) -> int:
+        return max(self.tile_m, self.tile_n) * self.tile_k
+
+    @property
+    def piece_numel(self) -> int:
+        return max(self.tile_m, self.tile_n) * self.piece_k
+
+    @property
+    def needs_landing(self) -> bool:
+        return self.host_dtype != self.compute_dtype
+
+    @property
+    def needs_cbuf(self) -> bool:
+        return self.host_dtype != self.acc_dtype
+
+    def device_bytes(self) -> int:
+        return _fixed_bytes(self.tile_m, self.tile_n, self.piece_k, self.n_acc, self.host_dtype,
+                            self.compute) + self.n_slots * self.slot_numel * _size(
+                                self.compute_dtype)
+
+    def tiles(self):
+        """The C tiles in the order devices take them."""
+        if self.order == "grow":
+            order = growing_order(self.mt, self.nt)
+        else:
+            order = band_order(self.mt, self.nt, self.band, "A" if self.order == "rows" else "B")
+        return make_tiles(order, self.m, self.n, self.tile_m, self.tile_n)
+
+    def describe(self) -> str:
+        est = f", model {self.est_seconds * 1e3:.0f} ms" if self.est_seconds else ""
+        pro = f", first {self.prologue} pieces of K over all tiles" if self.prologue else ""
+        return (f"tiles {self.tile_m}x{self.tile_n}x{self.tile_k} (piece {self.piece_k}), "
+                f"{self.mt}x{self.nt} C tiles, {self.nk} K blocks, order {self.order}"
+                f"{'' if self.order == 'grow' else f' band {self.band}'}{pro}; per device "
+                f"{fmt_bytes(self.device_bytes())} of {fmt_bytes(self.budget)} "
+                f"({self.n_slots} cache blocks){est}")
+
+
+def _size(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def _fixed_bytes(tm, tn, pk, n_acc, host_dtype, compute) -> int:
+    cdt, adt = COMPUTE[compute]
+    b = n_acc * tm * tn * _size(adt)
+    if host_dtype != adt:
+        b += 2 * tm * tn * _size(host_dtype)
+    if host_dtype != cdt:
+        b += 2 * max(tm, tn) * pk * _size(host_dtype)
+    return b
+
+
+def _piece(tm, tn, tk, host_dtype) -> int:
+    pk = max(1, PIECE_BYTES // (max(tm, tn) * _size(host_dtype)))
+    if pk >= 256:
+        pk -= pk % 256
+    return min(pk, tk)
+
+
+def _tile_arg(tile):
+    """None | T | (tm, tn) | (tm, tn, tk) | (tm, tn, tk, pk) -> 4 values (None = auto)."""
+    if tile is None:
+        return None, None, None, None
+    vals = (tile, tile) if isinstance(tile, int) else tuple(tile)
+    if not 2 <= len(vals) <= 4 or any(not isinstance(v, int) or isinstance(v, bool) or v <= 0
+                                      for v in vals):
+        raise OutcoreError(f"tile={tile!r} is not valid: give a positive int T (T x T tiles) or "
+                           "a tuple (rows, cols[, depth[, copy piece depth]]) of positive ints")
+    return tuple(vals) + (None,) * (4 - len(vals))
+
+
+def _fit(tm, tn, k, tk_req, pk_req, host_dtype, compute, budget):
+    """(tile_k, piece_k, cache room) for tm x tn tiles within `budget`, or None.
+
+    Whole-K panels when four fit (two tiles' A and B: the next loads while this computes),
+    else K cut into blocks so that four (at worst two) fit.
+    """
+    row, cb = max(tm, tn), _size(COMPUTE[compute][0])
+    tk = min(tk_req, k) if tk_req else k
+    if not tk_req:
+        pk = pk_req or _piece(tm, tn, tk, host_dtype)
+        room = budget - _fixed_bytes(tm, tn, min(pk, tk), 2, host_dtype, compute)
+        if room < 4 * row * k * cb:
+            tk = room // (4 * row * cb) or room // (2 * row * cb)
+            if tk >= 256:
+                tk -= tk % 256
+            tk = min(tk, k)
+    if tk < 1:
+        return None
+    pk = min(pk_req or _piece(tm, tn, tk, host_dtype), tk)
+    room = budget - _fixed_bytes(tm, tn, pk, 2, host_dtype, compute)
+    return (tk, pk, room) if room >= 2 * row * tk * cb else None
+
+
+def make_plan(m: int, n: int, k: int, *, host_dtype: torch.dtype, compute: str, budget: int,
+              tile=None, n_devices: int = 1, device_type: str = "cuda",
+              rates: Rates | None = None) -> GemmPlan:
+    """Choose tiles, cache size and order so that one device's buffers fit `budget` bytes.
+
+    Raises OutcoreError when the budget is too small for one tile's working set.
+    """
+    tm_req, tn_req, tk_req, pk_req = _tile_arg(tile)
+    cb = _size(COMPUTE[compute][0])
+    if tm_req is not None:
+        tm, tn = min(tm_req, m), min(tn_req, n)
+        fit = _fit(tm, tn, k, tk_req, pk_req, host_dtype, compute, budget)
+    else:
+        t, t_min, fit = DEFAULT_TILE.get(device_type, 4096), MIN_TILE.get(device_type, 4), None
+        if n_devices > 1:
+            # enough tiles that devices of unequal speed can balance
+            while t > 1024 and cdiv(m, t) * cdiv(n, t) < 4 * n_devices:
+                t //= 2
+        while t >= t_min:
+            tm, tn = min(t, m), min(t, n)
+            f = _fit(tm, tn, k, tk_req, pk_req, host_dtype, compute, budget)
+            if f is not None and (fit is None or f[0] >= min(k, 256)):
+                fit = (f, tm, tn)   # the largest tile that fits, or a smaller one with deeper K
+            if fit is not None and fit[0][0] >= min(k, 256):
+                break
+            t //= 2
+        if fit is not None:
+            fit, tm, tn = fit
+    if fit is None:
+        row = max(tm, tn)
+        need = _fixed_bytes(tm, tn, 1, 2, host_dtype, compute) + 2 * row * cb
+        raise OutcoreError(
+            f"gpu_memory={fmt_bytes(budget)} is too small for one {tm}x{tn} tile's working set "
+            f"(at least {fmt_bytes(need)}: two accumulators and one block of A and B): raise "
+            "gpu_memory" + (" or pass a smaller tile" if tm_req is not None else ""))
+    tk, pk, room = fit
+    mt, nt, nk = cdiv(m, tm), cdiv(n, tn), cdiv(k, tk)
+    total_blocks = nk * (mt + nt)
+    n_slots = min(room // (max(tm, tn) * tk * cb), total_blocks)
+    plan = GemmPlan(m, n, k, tm, tn, tk, pk, compute, host_dtype, n_slots=int(n_slots), n_acc=2,
+                    budget=budget)
+    if n_slots >= total_blocks:
+        return _maybe_prologue(plan, n_devices, device_type, rates or Rates())
+    # Cache-limited: keep a band of panels of one operand resident, stream the other.
+    g = max(1, n_slots // nk - 2)
+    rows_traffic = m * k + k * n * cdiv(mt, min(g, mt))
+    cols_traffic = k * n + m * k * cdiv(nt, min(g, nt))
+    if rows_traffic <= cols_traffic:
+        return _replace(plan, order="rows", band=min(g, mt))
+    return _replace(plan, order="cols", band=min(g, nt))
+
+
+def _replace(plan: GemmPlan, **kw) -> GemmPlan:
+    from dataclasses import replace
+    return replace(plan, **kw)
+
+
+def _maybe_prologue(plan: GemmPlan, n_devices: int, device_type: str, rates: Rates) -> GemmPlan:
+    """One device holding everything: stream the first pieces of K over all tiles if the
+    model says the link and the compute then overlap better (link and compute nearly
+    balanced, e.g. tf32); the accumulators of every tile must fit as well."""
+    q = cdiv(plan.tile_k, plan.piece_k)
+    if n_devices != 1 or device_type != "cuda" or plan.nk != 1 or q < 4:
+        return plan
+    n_tiles = plan.mt * plan.nt
+    grown = _replace(plan, n_acc=max(2, n_tiles))
+    if grown.device_bytes() > plan.budget:
+        return _replace(plan, est_seconds=estimate_seconds(plan, rates))
+    best, best_t = plan, estimate_seconds(plan, rates)
+    for p in sorted({q // 4, q // 2} - {0}):
+        cand = _replace(grown, prologue=p)
+        t = estimate_seconds(cand, rates)
+        if t < 0.98 * best_t:
+            best, best_t = cand, t
+    return _replace(best, est_seconds=best_t)
+
+
+def estimate_seconds(plan: GemmPlan, rates: Rates) -> float:
+    """Model of one device running `plan`: one h2d link, one compute engine, one d2h link.
+
+    Pieces load in the order first needed, a GEMM starts when its pieces have landed, a
+    tile's store starts when its last GEMM is done. Ignores cache eviction (used only when
+    everything fits) and per-call overheads.
+    """
+    hb = _size(plan.host_dtype)
+    rate = rates.flops[plan.compute]
+    kspans = spans(plan.k, plan.tile_k)
+    pspans = [spans(k1 - k0, plan.piece_k) for k0, k1 in kspans]
+    avail: dict = {}
+    link = comp = d2h = 0.0
+
+    def need(key, nbytes):
+        nonlocal link
+        if key not in avail:
+            link += nbytes / rates.h2d
+            avail[key] = link
+        return avail[key]
+
+    def unit(t, kb, p):
+        nonlocal comp
+        kk0, kk1 = pspans[kb][p]
+        ready = max(need(("A", t.i, kb, p), t.rows * (kk1 - kk0) * hb),
+                    need(("B", t.j, kb, p), t.cols * (kk1 - kk0) * hb))
+        comp = max(comp, ready) + 2.0 * t.rows * t.cols * (kk1 - kk0) / rate
+
+    tiles = plan.tiles()
+    for p in range(plan.prologue):
+        for t in tiles:
+            unit(t, 0, p)
+    for t in tiles:
+        for kb in range(len(kspans)):
+            for p in range(plan.prologue if kb == 0 else 0, len(pspans[kb])):
+                unit(t, kb, p)
+        d2h = max(d2h, comp) + t.rows * t.cols * hb / rates.d2h
+    return max(comp, d2h)

@@ -1,0 +1,68 @@
+"""What one product did: tiles, FLOPs and bytes per device, and the rate."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..units import fmt_bytes
+
+
+@dataclass
+class DeviceStats:
+    """One device's share. Bytes count what crossed between host and device."""
+    device: str
+    tiles: int = 0
+    gemms: int = 0
+    flops: float = 0.0
+    h2d_bytes: int = 0
+    d2h_bytes: int = 0
+    staged_bytes: int = 0    # host memcpy through pinned staging (pageable / strided host data)
+    block_hits: int = 0
+    block_misses: int = 0
+    device_bytes: int = 0    # what its buffers took
+
+
+@dataclass
+class GemmStats:
+    """The whole product: M x N x K, per-device stats, wall time."""
+    m: int
+    n: int
+    k: int
+    compute: str
+    plan: str
+    wall_s: float = 0.0
+    devices: list[DeviceStats] = field(default_factory=list)
+
+    @property
+    def flops(self) -> float:
+        return 2.0 * self.m * self.n * self.k
+
+    @property
+    def tflops(self) -> float:
+        return self.flops / self.wall_s / 1e12 if self.wall_s > 0 else 0.0
+
+    @property
+    def h2d_bytes(self) -> int:
+        return sum(d.h2d_bytes for d in self.devices)
+
+    @property
+    def d2h_bytes(self) -> int:
+        return sum(d.d2h_bytes for d in self.devices)
+
+    def summary(self) -> str:
+        lines = [f"gemm {self.m}x{self.n}x{self.k} {self.compute}: {self.wall_s:.3f} s, "
+                 f"{self.tflops:.2f} TFLOP/s, moved {fmt_bytes(self.h2d_bytes)} to and "
+                 f"{fmt_bytes(self.d2h_bytes)} from the devices",
+                 f"  plan: {self.plan}"]
+        for d in self.devices:
+            lines.append(f"  {d.device}: {d.tiles} tiles, {d.gemms} GEMMs, "
+                         f"h2d {fmt_bytes(d.h2d_bytes)}, d2h {fmt_bytes(d.d2h_bytes)}, "
+                         f"staged {fmt_bytes(d.staged_bytes)}, blocks {d.block_misses} loaded / "
+                         f"{d.block_hits} reused, buffers {fmt_bytes(d.device_bytes)}")
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict:
+        return {"m": self.m, "n": self.n, "k": self.k, "compute": self.compute,
+                "wall_s": self.wall_s, "tflops": self.tflops, "h2d_bytes": self.h2d_bytes,
+                "d2h_bytes": self.d2h_bytes,
+                "tiles_per_device": {d.device: d.tiles for d in self.devices}}

@@ -1,0 +1,147 @@
+"""Argument checks for matmul: one-line errors that say what to change."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..errors import OutcoreError
+from ..units import fmt_bytes, parse_bytes
+from .plan import COMPUTE, DEFAULT_COMPUTE
+
+_TORCH_DTYPES = (torch.float32, torch.float64, torch.bfloat16)
+_NP_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+CPU_BUDGET = 256 << 20      # a CPU worker's "device memory" when gpu_memory is not given
+GPU_RESERVE = 1 << 30       # left free on each GPU when gpu_memory is not given
+
+
+def dtype_of(x) -> torch.dtype:
+    if isinstance(x, np.ndarray):
+        return torch.float32 if x.dtype == np.float32 else torch.float64
+    return x.dtype
+
+
+def check_matrix(x, name: str) -> None:
+    """A host matrix: a CPU torch tensor or numpy array, 2-d, float32/float64 (bf16 torch)."""
+    if isinstance(x, torch.Tensor):
+        if x.device.type != "cpu":
+            raise TypeError(f"{name} is on {x.device}: matmul multiplies host matrices; pass "
+                            f"{name}.cpu(), or use torch.mm for matrices already on the GPU")
+        if x.dtype not in _TORCH_DTYPES:
+            raise TypeError(f"{name} has dtype {x.dtype}: use torch.float32, torch.float64 or "
+                            "torch.bfloat16 (cast it with .float())")
+    elif isinstance(x, np.ndarray):
+        if x.dtype not in _NP_DTYPES:
+            raise TypeError(f"{name} has dtype {x.dtype}: use numpy float32 or float64 (cast it "
+                            "with .astype(np.float32))")
+    else:
+        raise TypeError(f"{name} is a {type(x).__name__}: pass a CPU torch.Tensor, a numpy array "
+                        "or a numpy memmap")
+    if x.ndim != 2:
+        raise OutcoreError(f"{name} is {x.ndim}-d with shape {tuple(x.shape)}: matmul takes 2-d "
+                           f"matrices; reshape it (e.g. {name}.reshape(-1, {name}.shape[-1]))")
+
+
+def op_shape(x, trans: bool) -> tuple[int, int]:
+    r, c = x.shape
+    return (c, r) if trans else (r, c)
+
+
+def _span(x) -> tuple[int, int]:
+    """[lowest, highest) byte addresses x touches."""
+    if isinstance(x, np.ndarray):
+        ptr, es, strides = x.__array_interface__["data"][0], x.itemsize, x.strides
+    else:
+        ptr, es = x.data_ptr(), x.element_size()
+        strides = [s * es for s in x.stride()]
+    if 0 in tuple(x.shape):
+        return 0, 0
+    lo = hi = ptr
+    for size, stride in zip(x.shape, strides):
+        if stride > 0:
+            hi += (size - 1) * stride
+        else:
+            lo += (size - 1) * stride
+    return lo, hi + es
+
+
+def check_out(out, m: int, n: int, dtype: torch.dtype, a, b) -> None:
+    check_matrix(out, "out")
+    if tuple(out.shape) != (m, n):
+        raise OutcoreError(f"out has shape {tuple(out.shape)} but op(A) @ op(B) is {m}x{n}: pass "
+                           f"an out of shape ({m}, {n})")
+    if dtype_of(out) != dtype:
+        raise TypeError(f"out has dtype {dtype_of(out)} but A and B are {dtype}: pass an out of "
+                        f"dtype {dtype}")
+    if isinstance(out, np.ndarray) and not out.flags.writeable:
+        raise OutcoreError("out is read-only (a memmap opened with mode 'r'?): open it with "
+                           "mode 'r+' or 'w+'")
+    lo, hi = _span(out)
+    for x, name in ((a, "A"), (b, "B")):
+        xlo, xhi = _span(x)
+        if lo < xhi and xlo < hi and hi > lo:
+            raise OutcoreError(f"out overlaps {name} in memory: tiles of out would overwrite "
+                               f"{name} while it is read; pass a separate out")
+
+
+def resolve_compute(compute, dtype: torch.dtype) -> str:
+    if compute is None:
+        return DEFAULT_COMPUTE[dtype]
+    name = {"float64": "fp64", "float32": "fp32", "bfloat16": "bf16"}.get(str(compute), compute)
+    if name not in COMPUTE:
+        raise OutcoreError(f"compute={compute!r} is not one of {', '.join(COMPUTE)}: pick the "
+                           "arithmetic (bf16 and tf32 accumulate in fp32)")
+    return name
+
+
+def resolve_devices(devices) -> list[torch.device]:
+    """None -> every GPU, or the CPU when there is none; else an int, 'cuda:1', 'cpu',
+    '0,1', a torch.device or a list of those (the CPU may be listed more than once: each
+    entry is one worker)."""
+    n_gpu = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if devices is None:
+        return [torch.device("cuda", i) for i in range(n_gpu)] or [torch.device("cpu")]
+    if isinstance(devices, (str, int, torch.device)):
+        devices = [d for d in str(devices).split(",") if d.strip()] if isinstance(
+            devices, str) else [devices]
+    out: list[torch.device] = []
+    for d in devices:
+        try:
+            if isinstance(d, str) and d.strip().isdigit():
+                d = int(d)
+            dev = torch.device("cuda", d) if isinstance(d, int) else torch.device(
+                d.strip() if isinstance(d, str) else d)
+        except (RuntimeError, TypeError, ValueError):
+            raise OutcoreError(f"device {d!r} is not a device: use 'cpu', 'cuda:0', 0 or a list "
+                               "like [0, 1]") from None
+        if dev.type == "cuda":
+            if dev.index is None:
+                dev = torch.device("cuda", 0)
+            if dev.index >= n_gpu:
+                raise OutcoreError(f"device {dev} does not exist ({n_gpu} GPU(s) visible): pick "
+                                   "one of them or devices=None")
+            if dev in out:
+                raise OutcoreError(f"device {dev} is listed twice: list each GPU once")
+        elif dev.type != "cpu":
+            raise OutcoreError(f"device {dev} is not supported: use CUDA GPUs or 'cpu'")
+        out.append(dev)
+    if not out:
+        raise OutcoreError("devices is empty: pass None (all GPUs) or at least one device")
+    return out
+
+
+def resolve_budget(gpu_memory, devices: list[torch.device]) -> int:
+    """Bytes one device may use for tiles and cache: the smallest over `devices`."""
+    given = parse_bytes(gpu_memory, "gpu_memory")
+    budgets = []
+    for d in devices:
+        if d.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(d)
+            if given is not None and given > free:
+                raise OutcoreError(f"gpu_memory={fmt_bytes(given)} but {d} has only "
+                                   f"{fmt_bytes(free)} free: lower gpu_memory")
+            budgets.append(given if given is not None else int(max(free - GPU_RESERVE,
+                                                                    free // 2) * 0.9))
+        else:
+            budgets.append(given if given is not None else CPU_BUDGET)
+    return min(budgets)

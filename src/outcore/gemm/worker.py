@@ -1,0 +1,306 @@
+"""One device's side of a product: pull C tiles, load blocks, multiply, write tiles back.
+
+Three streams per GPU (plus one for dtype conversion when the compute dtype differs from
+the host's): h2d copies pieces of A and B blocks into cache slots; compute waits for just
+the pieces it needs and accumulates C tiles; d2h copies finished tiles to the host output.
+The host thread only enqueues; it blocks in one place, the flow control in `_loop`.
+
+Per tile: C loaded first when beta != 0; for each K block (direction alternating between
+tiles, so the blocks of the last tile are still cached): the GEMM over the pieces. Pieces
+loaded for this GEMM each get their own GEMM (it starts as soon as that piece lands);
+runs of pieces already on the device are merged into one GEMM.
+
+A task of several tiles (one device holding everything: `plan.prologue`) first runs the
+first `prologue` pieces of K over all its tiles, piece-major, and then each tile to the end.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import deque
+from dataclasses import dataclass
+
+import torch
+
+from ..transfer import Lanes, host_wait
+from .cache import Block, BlockCache
+from .copies import Copier
+from .hostmat import HostMatrix
+from .plan import GemmPlan
+from .stats import DeviceStats
+from .tiles import Tile, spans
+
+_OUT_DTYPE_OK: dict[str, bool] = {}
+
+
+@dataclass
+class GemmJob:
+    """One product, shared read-only by the device workers.
+
+    a: storage of op(A), M x K (or K x M when `ta`); b: of op(B), K x N (N x K when `tb`);
+    c: the output, M x N, row-major storage.
+    """
+    plan: GemmPlan
+    a: HostMatrix
+    b: HostMatrix
+    c: HostMatrix
+    ta: bool
+    tb: bool
+    alpha: float
+    beta: float
+
+
+@dataclass
+class _Run:
+    tile: Tile
+    slot: int
+    acc: torch.Tensor
+    beta: float = 0.0
+    started: bool = False
+
+
+def mm_acc(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor, alpha: float,
+           beta: float) -> None:
+    """acc = alpha * a @ b + beta * acc (acc not read when beta == 0).
+
+    bf16 operands into an fp32 accumulator use torch's out_dtype GEMM (fp32 accumulation
+    across calls) where the backend has it, else one bf16 GEMM and an fp32 add.
+    """
+    if a.dtype == acc.dtype:
+        acc.addmm_(a, b, beta=beta, alpha=alpha)
+        return
+    kind = acc.device.type
+    if _OUT_DTYPE_OK.get(kind, True):
+        try:
+            torch.addmm(acc, a, b, beta=beta, alpha=alpha, out_dtype=acc.dtype, out=acc)
+            _OUT_DTYPE_OK[kind] = True
+            return
+        except (RuntimeError, TypeError, NotImplementedError):
+            _OUT_DTYPE_OK[kind] = False
+    prod = torch.mm(a, b)
+    if beta == 0:
+        torch.mul(prod, alpha, out=acc)
+    else:
+        if beta != 1:
+            acc.mul_(beta)
+        acc.add_(prod, alpha=alpha)
+
+
+class DeviceWorker:
+    """Runs tiles on `device` for `job`; counts into `stats`; `progress(n)` per tile done."""
+
+    def __init__(self, device: torch.device, job: GemmJob, stats: DeviceStats,
+                 progress=None):
+        self.device, self.job, self.stats = device, job, stats
+        self.plan = job.plan
+        self.progress = progress or (lambda n: None)
+
+    # -- setup and the pull loop -------------------------------------------------------
+    def run(self, pull, first: int = 1) -> None:
+        cuda = self.device.type == "cuda"
+        ctx = torch.cuda.device(self.device) if cuda else contextlib.nullcontext()
+        with ctx, torch.no_grad():
+            self._setup()
+            try:
+                self._loop(pull, first)
+            finally:
+                if cuda:
+                    # host sync: every output tile is in host memory (and no buffer is still
+                    # in use by a stream) before the buffers are dropped and matmul returns
+                    torch.cuda.synchronize(self.device)
+                self.copier.close()
+                self.stats.device_bytes = self.cache.nbytes() + sum(
+                    t.numel() * t.element_size() for t in self.accs + self.cbufs + self.landing
+                    if t is not None)
+
+    def _setup(self) -> None:
+        p, dev = self.plan, self.device
+        self.lanes = Lanes(dev)
+        self.conv = torch.cuda.Stream(dev) if self.lanes.cuda and p.needs_landing else None
+        self.cache = BlockCache(p.n_slots, p.slot_numel, p.compute_dtype, dev)
+        self.accs: list = [None] * p.n_acc
+        self.acc_free: list = [None] * p.n_acc      # event: last reader of the accumulator
+        self.cbufs: list = [None] * (2 if p.needs_cbuf else 0)
+        self.cbuf_free: list = [None] * 2           # event: last user of the C landing buffer
+        self.landing: list = [None] * (2 if p.needs_landing else 0)
+        self.land_free: list = [None] * 2           # event: conversion that last read it
+        self.n_cbuf = self.n_land = 0
+        self.kspans = spans(p.k, p.tile_k)
+        self.pspans = [spans(k1 - k0, p.piece_k) for k0, k1 in self.kspans]
+        self.copier = Copier(self.lanes, self.stats, max(p.piece_numel, p.tile_m * p.tile_n))
+
+    def _buf(self, bufs: list, i: int, numel: int, dtype, shape) -> torch.Tensor:
+        if bufs[i] is None:
+            bufs[i] = torch.empty(numel, dtype=dtype, device=self.device)
+        return bufs[i][:shape[0] * shape[1]].view(shape)
+
+    def _loop(self, pull, first: int) -> None:
+        inflight: deque = deque()
+        seq, n = 0, first
+        while True:
+            if len(inflight) >= 2:
+                # Host sync (flow control): at most two tasks queued on this device, so a
+                # tile is claimed from the shared queue only shortly before this device can
+                # start it, and a faster device finds it still unclaimed.
+                host_wait(inflight.popleft())
+            tiles = pull(n)
+            n = 1
+            if not tiles:
+                return
+            inflight.append(self._task(tiles, seq))
+            seq += len(tiles)
+
+    # -- one task ------------------------------------------------------------------------
+    def _task(self, tiles: list[Tile], seq0: int):
+        p = self.plan
+        runs = []
+        for x, t in enumerate(tiles):
+            slot = (seq0 + x) % p.n_acc
+            acc = self._buf(self.accs, slot, p.tile_m * p.tile_n, p.acc_dtype, (t.rows, t.cols))
+            runs.append(_Run(t, slot, acc))
+        pro = p.prologue if len(tiles) > 1 else 0
+        for piece in range(pro):
+            for r in runs:
+                self._gemm(r, 0, piece, piece + 1)
+        done = None
+        for x, r in enumerate(runs):
+            kbs = range(len(self.kspans))
+            for kb in (kbs if (seq0 + x) % 2 == 0 else reversed(kbs)):
+                self._gemm(r, kb, pro if kb == 0 else 0, len(self.pspans[kb]))
+            done = self._finish(r)
+        return done
+
+    def _start(self, r: _Run) -> None:
+        L, job, t = self.lanes, self.job, r.tile
+        # Buffer reuse: the accumulator slot was last read by an earlier tile's copy-out.
+        L.wait(L.compute, self.acc_free[r.slot])
+        r.started = True
+        if job.beta == 0:
+            return
+        region = (t.r0, t.r1, t.c0, t.c1)
+        if not self.plan.needs_cbuf:
+            L.wait(L.h2d, self.acc_free[r.slot])   # buffer reuse, as above, for the copy in
+            self.copier.h2d(r.acc, job.c, region)
+            L.wait(L.compute, L.event(L.h2d))      # stream wait: C has landed
+        else:
+            q = self.n_cbuf % 2
+            self.n_cbuf += 1
+            cb = self._buf(self.cbufs, q, self.plan.tile_m * self.plan.tile_n, job.c.dtype,
+                           (t.rows, t.cols))
+            L.wait(L.h2d, self.cbuf_free[q])       # buffer reuse: its last user is done
+            self.copier.h2d(cb, job.c, region)
+            L.wait(L.compute, L.event(L.h2d))      # stream wait: C has landed
+            r.acc.copy_(cb)                        # to the accumulator dtype, on compute
+            self.cbuf_free[q] = L.event(L.compute)
+        r.beta = job.beta
+
+    def _gemm(self, r: _Run, kb: int, p0: int, p1: int) -> None:
+        """r.acc += alpha * op(A)[tile rows, pieces p0..p1 of block kb] @ op(B)[..., cols]."""
+        if p0 >= p1:
+            return
+        if not r.started:
+            self._start(r)
+        L, job, t = self.lanes, self.job, r.tile
+        a = self._block("A", t.i, kb)
+        b = self._block("B", t.j, kb)
+        segs: list[list] = []
+        for p in range(p0, p1):
+            fresh = self._ensure(a, p) | self._ensure(b, p)
+            if fresh or not segs or segs[-1][2]:
+                segs.append([p, p + 1, fresh])
+            else:
+                segs[-1][1] = p + 1
+        a_op = a.view.t() if a.k_on_rows else a.view       # rows x k
+        b_op = b.view if b.k_on_rows else b.view.t()       # k x cols
+        for s0, s1, _ in segs:
+            # Stream waits: the last piece of the run has landed in both blocks (earlier
+            # pieces of a block were copied before it on the same stream).
+            L.wait(L.compute, a.events[s1 - 1])
+            L.wait(L.compute, b.events[s1 - 1])
+            k0, k1 = a.bounds[s0][0], a.bounds[s1 - 1][1]
+            mm_acc(r.acc, a_op[:, k0:k1], b_op[k0:k1, :], job.alpha, r.beta)
+            r.beta = 1.0
+            self.stats.gemms += 1
+            self.stats.flops += 2.0 * t.rows * t.cols * (k1 - k0)
+        used = L.event(L.compute)
+        self.cache.release(a, used)
+        self.cache.release(b, used)
+
+    def _finish(self, r: _Run):
+        L, job, t = self.lanes, self.job, r.tile
+        if not r.started:
+            self._start(r)
+        src = r.acc
+        q = None
+        if self.plan.needs_cbuf:
+            q = self.n_cbuf % 2
+            self.n_cbuf += 1
+            src = self._buf(self.cbufs, q, self.plan.tile_m * self.plan.tile_n, job.c.dtype,
+                            (t.rows, t.cols))
+            L.wait(L.compute, self.cbuf_free[q])   # buffer reuse: its last user is done
+            src.copy_(r.acc)                       # to the output dtype, on compute
+        done = L.event(L.compute)
+        copied = self.copier.d2h(job.c, (t.r0, t.r1, t.c0, t.c1), src, done)
+        if q is None:
+            self.acc_free[r.slot] = copied
+        else:
+            self.acc_free[r.slot] = done
+            self.cbuf_free[q] = copied
+        self.stats.tiles += 1
+        self.progress(1)
+        return done
+
+    # -- blocks and pieces -----------------------------------------------------------------
+    def _block(self, op: str, x: int, kb: int) -> Block:
+        key = (op, x, kb)
+        blk = self.cache.get(key)
+        if blk is not None:
+            self.stats.block_hits += 1
+            return blk
+        self.stats.block_misses += 1
+        p, (k0, k1) = self.plan, self.kspans[kb]
+        if op == "A":
+            r0, r1 = x * p.tile_m, min((x + 1) * p.tile_m, p.m)
+            if self.job.ta:
+                region, shape, k_on_rows = (k0, k1, r0, r1), (k1 - k0, r1 - r0), True
+            else:
+                region, shape, k_on_rows = (r0, r1, k0, k1), (r1 - r0, k1 - k0), False
+        else:
+            c0, c1 = x * p.tile_n, min((x + 1) * p.tile_n, p.n)
+            if self.job.tb:
+                region, shape, k_on_rows = (c0, c1, k0, k1), (c1 - c0, k1 - k0), False
+            else:
+                region, shape, k_on_rows = (k0, k1, c0, c1), (k1 - k0, c1 - c0), True
+        return self.cache.put(key, shape, k_on_rows, region, self.pspans[kb])
+
+    def _ensure(self, blk: Block, p: int) -> bool:
+        """Load blk's pieces up to p (in order); True if any load was enqueued now."""
+        if blk.loaded > p:
+            return False
+        while blk.loaded <= p:
+            self._load_piece(blk, blk.loaded)
+        return True
+
+    def _load_piece(self, blk: Block, p: int) -> None:
+        L = self.lanes
+        host: HostMatrix = self.job.a if blk.key[0] == "A" else self.job.b
+        dst, region = blk.piece_view(p), blk.piece_region(p)
+        if not self.plan.needs_landing:
+            if p == 0:
+                L.wait(L.h2d, blk.reuse_after)   # buffer reuse: the slot's last GEMM is done
+            self.copier.h2d(dst, host, region)
+            blk.events.append(L.event(L.h2d))
+            return
+        q = self.n_land % 2
+        self.n_land += 1
+        land = self._buf(self.landing, q, self.plan.piece_numel, host.dtype, tuple(dst.shape))
+        L.wait(L.h2d, self.land_free[q])   # buffer reuse: the conversion that read it is done
+        self.copier.h2d(land, host, region)
+        landed = L.event(L.h2d)
+        with L.on(self.conv):
+            L.wait(self.conv, landed)      # stream wait: convert only what has landed
+            if p == 0:
+                L.wait(self.conv, blk.reuse_after)   # buffer reuse: the slot's last GEMM is done
+            dst.copy_(land)
+        self.land_free[q] = L.event(self.conv)
+        blk.events.append(self.land_free[q])
