@@ -36,7 +36,8 @@ def register(sub) -> None:
     t.add_argument("--optimizer", choices=["adagrad", "adam"], default="adagrad")
     t.add_argument("--score", choices=["dot", "cosine"], default="dot")
     t.add_argument("--loss", choices=["softmax", "logistic", "ranking"], default="softmax")
-    t.add_argument("--batch-size", type=int, default=65536)
+    t.add_argument("--batch-size", type=int, help="positive edges per step (default: E/64, "
+                   "at most 262144)")
     t.add_argument("--chunk-size", type=int, default=64)
     t.add_argument("--negatives", type=int, default=64, help="sampled negatives per chunk")
     t.add_argument("--neg-power", type=float, default=0.75, help="negatives ~ degree**p")

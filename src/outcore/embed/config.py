@@ -32,7 +32,7 @@ class EmbedConfig:
     score: str = "dot"                  # "dot" or "cosine"
     loss: str = "softmax"               # "softmax" (PBG), "logistic" (LINE), "ranking"
     margin: float = 0.1                 # ranking loss only
-    batch_size: int = 65536             # positive edges per step
+    batch_size: int | None = None       # positive edges per step; None: E/64 in [4096, 2**18]
     chunk_size: int = 64                # positives sharing one set of negatives
     num_negatives: int = 64             # sampled negatives per chunk (each side)
     batch_negatives: bool = True        # also use the chunk's other positives as negatives
@@ -61,9 +61,11 @@ class EmbedConfig:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
                 raise OutcoreError(f"{name}={v!r} must be a positive integer")
-        for name in ("dim", "epochs", "batch_size", "chunk_size", "walk_length",
+        for name in ("dim", "epochs", "chunk_size", "walk_length",
                      "walks_per_node", "window", "edge_chunk"):
             pos_int(name)
+        if self.batch_size is not None:
+            pos_int("batch_size")
         if isinstance(self.num_negatives, bool) or self.num_negatives < 0:
             raise OutcoreError(f"num_negatives={self.num_negatives!r} must be >= 0")
         if self.num_negatives == 0 and not self.batch_negatives:
@@ -84,6 +86,14 @@ class EmbedConfig:
         if self.storage == "mmap" and not self.table_path:
             raise OutcoreError("storage='mmap' needs table_path: give a file path for the table")
         return self
+
+    def resolved(self, num_edges: int) -> "EmbedConfig":
+        """A copy with batch_size chosen when None: big batches keep a GPU busy (each step
+        launches ~100 kernels), small graphs still get ~64 steps an epoch."""
+        if self.batch_size is not None:
+            return self
+        import dataclasses
+        return dataclasses.replace(self, batch_size=int(min(1 << 18, max(4096, num_edges // 64))))
 
     @property
     def sides(self) -> int:

@@ -36,7 +36,7 @@ class PartitionCache:
     """p -> device copy of partition p (rows with scratch row, state, cdf)."""
 
     def __init__(self, table: EmbeddingTable, device: torch.device, lanes: Lanes,
-                 capacity: int, cdfs=None):
+                 capacity: int, cdfs=None, pin: bool = True):
         if capacity < min(2, table.P):
             raise OutcoreError(f"the device holds {capacity} partition(s) but a bucket needs "
                                "2: raise --gpu-memory or --partitions")
@@ -49,7 +49,9 @@ class PartitionCache:
                       for _ in range(min(capacity, table.P))]
         self.where: OrderedDict[int, Slot] = OrderedDict()     # resident, LRU order
         self.pinned = False
-        if device.type == "cuda":
+        # Pin the host table only if partitions will cross more than once (swaps or several
+        # workers): pinning costs about 0.5 s per GiB, a single pageable copy much less.
+        if device.type == "cuda" and pin:
             try:
                 pin_(table.flat)          # async copies straight from/to the host table
                 self.pinned = True
@@ -101,7 +103,9 @@ class PartitionCache:
                 slot.state[:n].copy_(t.state(p), non_blocking=self.pinned)
                 self.bytes_in += t.partition_bytes(p)
             else:
-                slot.rows[:n].copy_(t.initial_rows(p, self.device))
+                for a in range(0, n, 1 << 20):          # bounded temporaries: 1M rows a time
+                    b = min(n, a + (1 << 20))
+                    slot.rows[a:b].copy_(t.initial_rows(p, self.device, a, b))
                 slot.state[:n].zero_()
             slot.rows[n].zero_()
             slot.state[n].zero_()

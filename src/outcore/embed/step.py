@@ -27,28 +27,46 @@ class LossSpec:
     batch_negatives: bool = True
 
 
-def _side_loss(pos: torch.Tensor, neg: torch.Tensor, spec: LossSpec) -> torch.Tensor:
-    """pos: n, neg: n x k (masked entries at -1e9) -> summed loss (a 0-d tensor)."""
+def _side_loss(pos: torch.Tensor, blocks: list[torch.Tensor], spec: LossSpec) -> torch.Tensor:
+    """pos: n; blocks: score blocks n x k_i (masked entries at -1e9) -> summed loss.
+
+    The blocks are never concatenated (a copy of every score): each loss splits over them,
+    softmax through logsumexp of the blocks' logsumexps (as PyTorch-BigGraph does).
+    """
+    if not blocks:
+        return pos.new_zeros(())
     if spec.loss == "softmax":
-        return (torch.logsumexp(torch.cat([pos[:, None], neg], 1), 1) - pos).sum()
+        lse = [torch.logsumexp(b, 1) for b in blocks]
+        neg = lse[0] if len(lse) == 1 else torch.logsumexp(torch.stack(lse, 1), 1)
+        return (torch.logaddexp(pos, neg) - pos).sum()
     if spec.loss == "logistic":
-        return F.softplus(-pos).sum() + F.softplus(neg).sum() / max(neg.shape[1], 1)
-    return F.relu(spec.margin - pos[:, None] + neg).sum()
+        k = sum(b.shape[1] for b in blocks)
+        return F.softplus(-pos).sum() + sum(F.softplus(b).sum() for b in blocks) / max(k, 1)
+    return sum(F.relu(spec.margin - pos[:, None] + b).sum() for b in blocks)
+
+
+_EYES: dict = {}
+
+
+def _eye(C: int, device) -> torch.Tensor:
+    key = (C, str(device))
+    if key not in _EYES:
+        _EYES[key] = torch.eye(C, dtype=torch.bool, device=device)
+    return _EYES[key]
 
 
 def _chunk_scores(a: torch.Tensor, b: torch.Tensor, nb: torch.Tensor, spec: LossSpec):
-    """a, b: K x C x d (positives), nb: K x M x d -> neg scores of a vs b's side: (K*C) x k."""
+    """a, b: K x C x d (positives), nb: K x M x d -> score blocks of a against b's side,
+    each (K*C) x k: the chunk's own targets (diagonal masked) and the sampled ones."""
     K, C, _ = a.shape
-    parts = []
+    blocks = []
     if spec.batch_negatives and C > 1:
         s = torch.bmm(a, b.transpose(1, 2))                     # K x C x C
-        eye = torch.eye(C, dtype=torch.bool, device=a.device)
-        parts.append(s.masked_fill(eye, _MASKED))
+        s.masked_fill_(_eye(C, a.device), _MASKED)             # in place: bmm keeps its inputs
+        blocks.append(s.view(K * C, C))
     if nb.shape[1] > 0:
-        parts.append(torch.bmm(a, nb.transpose(1, 2)))          # K x C x M
-    if not parts:
-        return a.new_zeros(K * C, 0)
-    return torch.cat(parts, 2).reshape(K * C, -1)
+        blocks.append(torch.bmm(a, nb.transpose(1, 2)).view(K * C, -1))   # K x C x M
+    return blocks
 
 
 def batch_loss(U, V, NU, NV, spec: LossSpec) -> torch.Tensor:

@@ -99,17 +99,22 @@ class EmbeddingTable:
     def mark_initialized(self, p: int) -> None:
         self._init_flags[p] = 1
 
-    def node_ids(self, p: int, device="cpu") -> torch.Tensor:
-        """Global ids of partition p's rows, in row order: n_p int64."""
-        return torch.arange(self.sizes[p], device=device, dtype=torch.int64) * self.P + p
+    def node_ids(self, p: int, device="cpu", start: int = 0, stop: int | None = None):
+        """Global ids of partition p's rows start..stop-1: int64."""
+        stop = self.sizes[p] if stop is None else stop
+        return torch.arange(start, stop, device=device, dtype=torch.int64) * self.P + p
 
-    def initial_rows(self, p: int, device="cpu") -> torch.Tensor:
-        return hash_init(self.node_ids(p, device), self.width, self.seed, self.init_scale)
+    def initial_rows(self, p: int, device="cpu", start: int = 0, stop: int | None = None):
+        """Rows start..stop-1 of partition p as first initialised: (stop-start) x W."""
+        ids = self.node_ids(p, device, start, stop)
+        return hash_init(ids, self.width, self.seed, self.init_scale)
 
     def materialize(self, p: int) -> None:
         """Write partition p's initial rows on the host (if it was never trained)."""
         if not self.is_initialized(p):
-            self.rows(p).copy_(self.initial_rows(p))
+            n = self.sizes[p]
+            for a in range(0, n, 1 << 18):
+                self.rows(p)[a:a + (1 << 18)] = self.initial_rows(p, "cpu", a, min(n, a + (1 << 18)))
             self.state(p).zero_()
             self.mark_initialized(p)
 
@@ -127,7 +132,7 @@ class EmbeddingTable:
             if sel.numel():
                 if self.is_initialized(p):
                     out[sel] = self.rows(p)[row[sel]]
-                else:
+                else:       # never trained: its rows are still the initial hash
                     out[sel] = hash_init(ids[sel], self.width, self.seed, self.init_scale)
         return out
 

@@ -99,7 +99,7 @@ class EmbeddingTrainer:
         """Train for cfg.epochs; returns the host table (also kept as self.table)."""
         el = as_edgelist(edges, num_nodes)
         self.names = el.names
-        cfg = self.cfg
+        self.cfg = cfg = self.cfg.resolved(len(el))
         devices = resolve_devices(cfg.devices)
         world = len(devices)
         budget = device_budget(cfg, devices[0])

@@ -36,7 +36,8 @@ class Worker:
         self.cfg, self.table, self.sampler = cfg, table, sampler
         self.device, self.rank, self.world, self.sched = device, rank, world, sched
         self.lanes = Lanes(device)
-        self.cache = PartitionCache(table, device, self.lanes, capacity, sampler.cdf)
+        swaps = capacity < table.P or world > 1
+        self.cache = PartitionCache(table, device, self.lanes, capacity, sampler.cdf, pin=swaps)
         self.opt = RowOptimizer(cfg.optimizer, cfg.lr, cfg.eps, *cfg.betas)
         self.spec = LossSpec(cfg.score, cfg.loss, cfg.margin, cfg.chunk_size,
                              cfg.batch_negatives)
@@ -109,7 +110,10 @@ class Worker:
         self.sched.release(self.rank, tuple(parts))
 
     def _pin(self, edges: BucketedEdges) -> None:
-        if self.device.type == "cuda" and getattr(edges, "_pinned", None) is None:
+        # Edges cross once per epoch: pin them (0.5 s/GiB, once) when they are small enough
+        # that this pays back; larger edge sets are copied from pageable memory.
+        small = edges.src.nbytes + edges.dst.nbytes <= (4 << 30)
+        if self.device.type == "cuda" and small and getattr(edges, "_pinned", None) is None:
             edges._pinned = []
             for arr in (edges.src, edges.dst):
                 t = torch.from_numpy(arr)
