@@ -43,20 +43,25 @@ def run_rank(rank: int, world: int, cfg: EmbedConfig, device: str, table_args: d
     sampler = NegativeSampler(deg, P, cfg.neg_power)
     source = EpochSource(src, dst, num_nodes, weight, cfg, P)
     worker = Worker(cfg, table, sampler, dev, capacity, None, rank, world)
-    losses, t0 = [], time.perf_counter()
+    losses, epoch_s, t0 = [], [], time.perf_counter()
     for e in range(cfg.epochs):
         edges = source.epoch(e)          # the same seeded epoch on every rank
         dist.barrier()                   # everyone finished the previous epoch
+        te = time.perf_counter()
         sched = StoreScheduler(store, P, rank, edges.empty_units(cfg.directed),
                                prefix=f"embed/e{e}")
         dist.barrier()                   # rank 0 has published the fresh scheduler
         worker.sched = sched
         loss = worker.epoch(edges, None)
         losses.append(float(loss))       # host sync once per epoch, for the summary
+        dist.barrier()                   # the epoch ends when the slowest rank is done
+        epoch_s.append(time.perf_counter() - te)
     worker.cache.flush(drop=True)
     table.flush()
     dist.barrier()
     out = {"edges": worker.edges_done, "loss": losses, "wait_s": worker.wait_s,
+           "epoch_s": epoch_s, "bytes_in": worker.cache.bytes_in,
+           "bytes_out": worker.cache.bytes_out,
            "train_s": time.perf_counter() - t0}
     gathered = [None] * world
     dist.all_gather_object(gathered, out)
@@ -107,4 +112,5 @@ def spawn_fit(trainer, el, devices, plan):
     per_epoch = [sum(r["loss"][e] for r in res) / max(done / cfg.epochs, 1)
                  for e in range(cfg.epochs)]
     trainer.rank_stats = res
+    trainer.epoch_s = [max(r["epoch_s"][e] for r in res) for e in range(cfg.epochs)]
     return done, per_epoch

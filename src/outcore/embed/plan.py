@@ -73,7 +73,7 @@ def make_plan(cfg: EmbedConfig, num_nodes: int, workers: int, budget: int,
     elif workers == 1 and slot(1) <= avail:
         P = 1
     else:
-        P = max(2, 4 * workers if workers > 1 else 2)
+        P = max(2, 8 * workers if workers > 1 else 2)   # room for every worker to reuse one
         while P < num_nodes and 3 * slot(P) > avail:
             P *= 2
         P = min(P, num_nodes)

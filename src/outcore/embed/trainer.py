@@ -122,6 +122,7 @@ class EmbeddingTrainer:
             "edges_per_s": done / wall if wall > 0 else 0.0,
             "partitions": P, "resident": plan.capacity, "devices": [str(d) for d in devices],
             "loss_per_epoch": losses, "plan": plan.describe(),
+            "epoch_s": list(getattr(self, "epoch_s", [])),
         }
         return self.table
 
@@ -134,9 +135,10 @@ class EmbeddingTrainer:
         worker.record = self.record
         producer = None if source.static else Producer(source, 0, cfg.epochs)
         bar = _bar(cfg, "embed")
-        losses = []
+        losses, self.epoch_s = [], []
         try:
             for e in range(cfg.epochs):
+                te = time.perf_counter()
                 edges = producer.get() if producer else source.epoch(e)
                 if bar is not None and e == 0:
                     bar.total = len(edges.src) * cfg.epochs
@@ -145,6 +147,7 @@ class EmbeddingTrainer:
                 loss = worker.epoch(edges, bar)
                 # host sync once per epoch: the loss for the progress line and summary
                 losses.append(float(loss) / max(len(edges.src), 1))
+                self.epoch_s.append(time.perf_counter() - te)
                 if bar is not None:
                     bar.set_postfix(epoch=e + 1, loss=f"{losses[-1]:.4f}")
             worker.cache.flush()

@@ -47,6 +47,7 @@ class Worker:
         self.record = None              # test hook: f(a, b, u, v, nu, nv), local row ids
         self.edges_done = 0
         self.wait_s = 0.0
+        self.pending: list[tuple[tuple[int, ...], list]] = []   # released, write-back queued
         if device.type == "cuda":
             torch.backends.cuda.matmul.allow_tf32 = cfg.tf32
 
@@ -70,12 +71,14 @@ class Worker:
             if nxt is None:
                 nxt = self._acquire_blocking(self._held(cur))
             cur = nxt
+        self._flush_releases()
         return loss
 
     def _held(self, cur) -> tuple[int, ...]:
         return tuple(self.cache.resident() | set(cur)) if self.keep else tuple(cur)
 
     def _acquire_blocking(self, held):
+        self._flush_releases()           # never wait for units while sitting on locks
         t0 = time.perf_counter()
         while True:
             unit = self.sched.acquire(self.rank, held)
@@ -99,15 +102,26 @@ class Worker:
                 evictable.pop(0)
 
     def _release(self, parts: set[int]) -> None:
+        """Alone: release at once (partitions stay resident). Shared: queue the write-back
+        now; the lock goes only once it has landed (see _flush_releases)."""
         if not parts:
             return
-        if not self.keep:
-            slots = [self.cache.writeback(p, drop=True) for p in parts]
+        if self.keep:
+            self.sched.release(self.rank, tuple(parts))
+            return
+        slots = [self.cache.writeback(p, drop=True) for p in parts]
+        self.pending.append((tuple(parts), [s.written for s in slots]))
+
+    def _flush_releases(self) -> None:
+        """Called once the next unit's first chunk is queued, so the GPU has work while
+        the host waits here."""
+        for parts, events in self.pending:
             # host sync: another worker may load these partitions as soon as the lock is
             # released, so their write-back must have landed in the host table first
-            for s in slots:
-                host_wait(s.written)
-        self.sched.release(self.rank, tuple(parts))
+            for ev in events:
+                host_wait(ev)
+            self.sched.release(self.rank, parts)
+        self.pending = []
 
     def _pin(self, edges: BucketedEdges) -> None:
         # Edges cross once per epoch: pin them (0.5 s/GiB, once) when they are small enough
@@ -167,6 +181,8 @@ class Worker:
             buf.busy = L.event()
             for i in range(0, m, B):
                 loss += self._step(a, b, u[i:i + B], v[i:i + B])
+            if self.pending:
+                self._flush_releases()     # the previous unit's locks, now work is queued
             self.edges_done += m
             if bar is not None:
                 bar.update(m)
