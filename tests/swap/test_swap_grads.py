@@ -203,3 +203,25 @@ def test_channels_last_comes_back_with_its_strides():
     assert KeepsStrides.seen == [stride] and stride != torch.empty(2, 8, 10, 10).stride()
     assert_same_grads(conv, conv2)
     assert s.report().offloaded_tensors >= 1
+
+
+def test_a_graph_dropped_without_backward_frees_its_tensors():
+    import gc
+    import weakref
+
+    model = tiny_cnn()
+    x, _ = batch(4)
+    refs = []
+    probe = lambda m, a, out: refs.append(weakref.ref(out))  # noqa: E731
+    hooks = [m.register_forward_hook(probe) for m in model]
+    with outcore.swap(model, min_swap_bytes=1, force_copy=True, gpu_memory="64KiB",
+                      reserve_bytes=0, prefetch_bytes=1024) as s:
+        out = model(x)
+        del out
+    gc.collect()
+    for h in hooks:
+        h.remove()
+    r = s.report()
+    assert r.kept_tensors > 0 and r.offloaded_tensors > 0 and r.small_tensors == 0
+    assert all(ref() is None for ref in refs)     # no reference cycle keeps them alive
+    assert s.store.in_use_bytes == 0               # host runs of the dead graph came back

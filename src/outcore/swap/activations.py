@@ -32,6 +32,13 @@ from .policy import BudgetPolicy, StepPlan
 from .report import CopyClock, SwapReport
 
 
+def _alias(t: torch.Tensor) -> torch.Tensor:
+    """t itself, or for a tensor with a grad_fn the same data without it: the saved graph
+    must not hold its own node through the packed object (a reference cycle that would
+    keep the graph and its tensors alive if it is dropped without backward)."""
+    return t if t.grad_fn is None else t.detach()
+
+
 class _DeviceState:
     def __init__(self, device: torch.device, cfg: SwapConfig):
         self.lanes = Lanes(device)
@@ -116,24 +123,21 @@ class ActivationSwapper:
         rep.saved_tensors += 1
         gen = self.gen
         if gen is None or (t.device.type != "cuda" and not self.cfg.force_copy):
-            return t  # saved outside the model's forward, or already in host memory
+            return _alias(t)  # saved outside the model's forward, or already in host memory
         nbytes = t.numel() * t.element_size()
         if nbytes < self.cfg.min_swap_bytes:
             rep.small_tensors += 1
-            return t
+            return _alias(t)
         key = (t.data_ptr(), t.dtype, t.shape, t.stride(), t._version)
         hit = gen.seen.get(key)
-        if hit is not None:
-            first = hit[0]()
-            if first is not None:
-                rep.deduplicated += 1
-                if hit[1] is None:
-                    return first
+        if hit is not None and hit[0]() is not None:
+            rep.deduplicated += 1   # the first tensor is alive: the address was not reused
+            if isinstance(hit[1], Handle):
                 hit[1].packs += 1
-                return hit[1]
+            return hit[1]
         if not dense(t):  # a strided view (of a weight, say): copying it frees nothing
             rep.strided_tensors += 1
-            return t
+            return _alias(t)
         st = self.state(t.device)
         if st.plan_gen != gen.id:
             alloc = torch.cuda.memory_allocated(t.device) if st.cuda else 0
@@ -143,9 +147,10 @@ class ActivationSwapper:
         if not st.policy.offload(st.plan, nbytes):
             rep.kept_tensors += 1
             rep.kept_bytes += nbytes
-            gen.seen[key] = (weakref.ref(t), None)
+            kept = _alias(t)
+            gen.seen[key] = (weakref.ref(t), kept)
             self._log("keep", gen, cand, nbytes)
-            return t
+            return kept
         h = self._offload(t, nbytes, st, gen, cand)
         gen.seen[key] = (weakref.ref(t), h)
         return h

@@ -1,0 +1,109 @@
+"""The CUDA path: copies on the d2h/h2d streams, pinned host runs, device budget, peak memory.
+Runs only with a GPU (the CPU tests cover the same logic through force_copy)."""
+
+import pytest
+import torch
+from torch import nn
+
+import outcore
+
+if not torch.cuda.is_available():
+    pytest.skip("needs CUDA", allow_module_level=True)
+
+
+def cnn(c: int = 32) -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(
+        nn.Conv2d(3, c, 3, padding=1, bias=False), nn.BatchNorm2d(c), nn.ReLU(inplace=True),
+        nn.MaxPool2d(2), nn.Conv2d(c, c, 3, padding=1), nn.BatchNorm2d(c), nn.ReLU(),
+        nn.Conv2d(c, c, 3, padding=1), nn.ReLU(), nn.Flatten(2), Mean(), nn.Linear(c, 10)).cuda()
+
+
+class Mean(nn.Module):
+    def forward(self, x):
+        return x.mean(-1)
+
+
+@pytest.fixture(autouse=True)
+def deterministic():
+    old = torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
+    yield
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = old
+
+
+def data(n=16, hw=64):
+    g = torch.Generator(device="cuda").manual_seed(0)
+    return (torch.randn(n, 3, hw, hw, device="cuda", generator=g),
+            torch.randint(0, 10, (n,), device="cuda", generator=g))
+
+
+def grads(model, x, y, **swap_kw):
+    model.zero_grad(set_to_none=True)
+    if swap_kw:
+        with outcore.swap(model, **swap_kw) as s:
+            nn.functional.cross_entropy(model(x), y).backward()
+        torch.cuda.synchronize()
+        return [p.grad.clone() for p in model.parameters()], s.report()
+    nn.functional.cross_entropy(model(x), y).backward()
+    return [p.grad.clone() for p in model.parameters()], None
+
+
+@pytest.mark.parametrize("kw", [dict(min_swap_bytes=1),
+                                dict(min_swap_bytes=1, prefetch_bytes=1),
+                                dict(min_swap_bytes=1, swap_params=True),
+                                dict(gpu_memory="1GiB", min_swap_bytes=1, reserve_bytes=0)])
+def test_cuda_gradients_equal_plain(kw):
+    x, y = data()
+    ref, _ = grads(cnn(), x, y)
+    again, _ = grads(cnn(), x, y)
+    assert all(torch.equal(a, b) for a, b in zip(ref, again)), "plain CUDA run not deterministic"
+    got, rep = grads(cnn(), x, y, **kw)
+    assert all(torch.equal(a, b) for a, b in zip(ref, got))
+    if "gpu_memory" not in kw:
+        assert rep.offloaded_tensors > 0 and rep.bytes_to_device == rep.bytes_to_host
+        assert rep.copy_s > 0 and 0 <= rep.hidden_fraction <= 1
+
+
+def test_cuda_autocast_bf16_equal_plain():
+    x, y = data()
+    outs = []
+    for kw in (None, dict(min_swap_bytes=1)):
+        model = cnn()
+        ctx = outcore.swap(model, **kw) if kw else None
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        if ctx:
+            ctx.close()
+        outs.append([p.grad for p in model.parameters()])
+    assert all(torch.equal(a, b) for a, b in zip(*outs))
+
+
+def test_cuda_swapping_lowers_peak_memory():
+    x, y = data(32, 96)
+    peaks = []
+    for kw in (None, dict(min_swap_bytes="1MiB")):
+        model = cnn(64)
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        grads(model, x, y, **(kw or {}))
+        peaks.append(torch.cuda.max_memory_allocated() - base)
+        del model
+    assert peaks[1] < 0.6 * peaks[0]
+
+
+def test_cuda_budget_keeps_what_fits():
+    x, y = data(32, 96)
+    model = cnn(64)
+    with outcore.swap(model, gpu_memory="64GiB") as s:
+        for _ in range(2):
+            nn.functional.cross_entropy(model(x), y).backward()
+    assert s.report().offloaded_tensors == 0 and s.report().kept_tensors > 0
+    free = torch.cuda.memory_allocated() + 300 * 2**20
+    with outcore.swap(model, gpu_memory=free, reserve_bytes=0, prefetch_bytes="64MiB") as s:
+        for _ in range(2):
+            nn.functional.cross_entropy(model(x), y).backward()
+    r = s.report()
+    assert r.offloaded_tensors > 0 and r.kept_tensors > 0 and r.prefetched_tensors > 0
