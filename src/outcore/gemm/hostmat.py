@@ -77,7 +77,7 @@ class HostMatrix:
         if self.t is not None:
             dst.copy_(self.t[r0:r1, c0:c1])
         else:
-            dst.copy_(torch.from_numpy(np.ascontiguousarray(self.np[r0:r1, c0:c1])))
+            dst.copy_(torch.from_numpy(self.np[r0:r1, c0:c1].copy(order="C")))
 
     def write_from(self, region: tuple[int, int, int, int], src: torch.Tensor) -> None:
         """S[region] <- src (a CPU tensor of the region's shape)."""

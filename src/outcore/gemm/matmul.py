@@ -128,16 +128,23 @@ def matmul(A, B, out=None, *, transa: bool = False, transb: bool = False, alpha:
     stats.plan = plan.describe()
     job = GemmJob(plan, ha, hb, hc, ta=transa ^ ha.flipped, tb=transb ^ hb.flipped,
                   alpha=alpha, beta=beta)
-    tiles = plan.tiles()
-    lock = threading.Lock()
-    with _precision(compute, devs), tqdm(total=len(tiles), unit="tile", disable=not progress,
-                                         desc=f"gemm {m}x{n}x{k} {compute}") as bar:
-        def tick(n_done: int) -> None:
-            with lock:
-                bar.update(n_done)
-        workers = [DeviceWorker(d, job, s, tick) for d, s in zip(devs, stats.devices)]
-        run_workers(TileQueue(tiles, len(devs)), workers, first=plan.first_task)
+    execute(job, devs, stats, progress)
     if isinstance(out, np.memmap):
         out.flush()
     stats.wall_s = time.perf_counter() - t0
     return (out, stats) if return_stats else out
+
+
+def execute(job: GemmJob, devices, stats: GemmStats, progress: bool = False) -> None:
+    """Run `job` (its plan and operands already fixed) on `devices`, one worker each."""
+    tiles = job.plan.tiles()
+    lock = threading.Lock()
+    p = job.plan
+    with _precision(p.compute, devices), tqdm(total=len(tiles), unit="tile",
+                                               disable=not progress,
+                                               desc=f"gemm {p.m}x{p.n}x{p.k} {p.compute}") as bar:
+        def tick(n_done: int) -> None:
+            with lock:
+                bar.update(n_done)
+        workers = [DeviceWorker(d, job, s, tick) for d, s in zip(devices, stats.devices)]
+        run_workers(TileQueue(tiles, len(devices)), workers, first=p.first_task)

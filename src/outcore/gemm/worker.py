@@ -63,13 +63,17 @@ def mm_acc(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor, alpha: float,
            beta: float) -> None:
     """acc = alpha * a @ b + beta * acc (acc not read when beta == 0).
 
-    bf16 operands into an fp32 accumulator use torch's out_dtype GEMM (fp32 accumulation
-    across calls) where the backend has it, else one bf16 GEMM and an fp32 add.
+    bf16 operands into an fp32 accumulator: on GPUs torch's out_dtype GEMM (fp32
+    accumulation across calls) where it exists, else a bf16 GEMM and an fp32 add; on the
+    CPU the bf16 values multiplied in fp32 (exactly what bf16 x bf16 -> fp32 computes).
     """
     if a.dtype == acc.dtype:
         acc.addmm_(a, b, beta=beta, alpha=alpha)
         return
     kind = acc.device.type
+    if kind == "cpu":
+        acc.addmm_(a.to(acc.dtype), b.to(acc.dtype), beta=beta, alpha=alpha)
+        return
     if _OUT_DTYPE_OK.get(kind, True):
         try:
             torch.addmm(acc, a, b, beta=beta, alpha=alpha, out_dtype=acc.dtype, out=acc)

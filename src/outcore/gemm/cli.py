@@ -1,0 +1,151 @@
+"""`outcore gemm`: one out-of-core product on random data, checked and timed.
+
+    outcore gemm --m 32768 --n 32768 --k 32768 --compute bf16 --gpu-memory 8GiB
+    outcore gemm --m 65536 --n 65536 --k 65536 --memmap /scratch/gemm    # larger than RAM
+
+Prints TFLOP/s, the bytes that crossed to and from the devices (and the minimum that had
+to), and checks sampled entries of the result against float64 dot products.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import numpy as np
+import torch
+
+from ..errors import OutcoreError
+from ..memory import pin_, unpin_
+from ..units import fmt_bytes
+from .matmul import matmul
+
+_DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
+# allowed error, relative to sum_k |alpha a_ik b_kj| + |beta c_ij|
+_TOL = {"fp64": 1e-10, "fp32": 1e-4, "tf32": 4e-3, "bf16": 2e-2}
+
+
+def register(sub) -> None:
+    """Add the `gemm` subcommand to an argparse subparsers object."""
+    p = sub.add_parser("gemm", help="one out-of-core matrix product on random host data: "
+                       "TFLOP/s, bytes moved, sampled check against float64",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--m", type=int, default=8192, help="rows of op(A) and C (default 8192)")
+    p.add_argument("--n", type=int, default=8192, help="columns of op(B) and C (default 8192)")
+    p.add_argument("--k", type=int, default=8192, help="inner size (default 8192)")
+    p.add_argument("--dtype", choices=list(_DTYPES), default="float32",
+                   help="dtype of the host matrices (default float32)")
+    p.add_argument("--compute", choices=["fp64", "fp32", "tf32", "bf16"], default=None,
+                   help="arithmetic (default: the dtype's own; bf16/tf32 accumulate in fp32)")
+    p.add_argument("--devices", default=None,
+                   help="'0,1', 'cuda:0', 'cpu' ... (default: every GPU, else the CPU)")
+    p.add_argument("--gpu-memory", default=None, help="per-device budget, e.g. 8GiB "
+                   "(default: the free memory less 1 GiB)")
+    p.add_argument("--layout", choices=["NN", "NT", "TN", "TT"], default="NN",
+                   help="transposes of A and B as stored (default NN)")
+    p.add_argument("--tile", type=int, default=None, help="C tile size (default: planned)")
+    p.add_argument("--alpha", type=float, default=1.0)
+    p.add_argument("--beta", type=float, default=0.0)
+    p.add_argument("--memmap", metavar="DIR", default=None,
+                   help="keep A, B and C in files in DIR (numpy memmaps) instead of RAM")
+    p.add_argument("--no-pin", action="store_true",
+                   help="leave host matrices pageable (default: page-lock them with CUDA)")
+    p.add_argument("--repeat", type=int, default=1, help="timed runs; the best is reported")
+    p.add_argument("--check", type=int, default=64, help="entries checked (default 64)")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=run)
+
+
+def _random(shape, dtype: torch.dtype, gen: torch.Generator, path: str | None):
+    """Uniform [-1, 1) host matrix: a torch tensor, or a memmap file at `path`."""
+    if path is None:
+        return torch.empty(shape, dtype=dtype).uniform_(-1, 1, generator=gen)
+    npdt = np.float32 if dtype == torch.float32 else np.float64
+    mm = np.memmap(path, dtype=npdt, mode="w+", shape=shape)
+    rng = np.random.default_rng(int(torch.randint(1 << 30, (1,), generator=gen)))
+    step = max(1, (64 << 20) // max(1, shape[1] * mm.itemsize))
+    for r in range(0, shape[0], step):
+        mm[r:r + step] = rng.random((min(step, shape[0] - r), shape[1]), dtype=npdt) * 2 - 1
+    return mm
+
+
+def _as64(x, rows, cols) -> np.ndarray:
+    if isinstance(x, np.ndarray):
+        return np.asarray(x[rows][:, cols], dtype=np.float64)
+    return x[rows][:, cols].to(torch.float64).numpy()
+
+
+def _check(A, B, C, c0, idx, ta: bool, tb: bool, alpha: float, beta: float, compute: str):
+    """(largest error, largest error / tolerance) over the sampled entries (i, j) of C."""
+    worst = ratio = 0.0
+    for (i, j), c_init in zip(idx, c0):
+        a = _as64(A, slice(None), [i])[:, 0] if ta else _as64(A, [i], slice(None))[0]
+        b = _as64(B, [j], slice(None))[0] if tb else _as64(B, slice(None), [j])[:, 0]
+        ref = alpha * float(a @ b) + beta * c_init
+        scale = abs(alpha) * float(np.abs(a) @ np.abs(b)) + abs(beta * c_init)
+        err = abs(float(_as64(C, [i], [j])[0, 0]) - ref)
+        worst, ratio = max(worst, err), max(ratio, err / (_TOL[compute] * scale + 1e-300))
+    return worst, ratio
+
+
+def run(args) -> int:
+    """Run `outcore gemm`; 0 when the sampled check passes, 1 when it fails, 2 on bad input."""
+    try:
+        return _run(args)
+    except (OutcoreError, TypeError) as e:
+        print(f"outcore gemm: error: {e}", file=sys.stderr)
+        return 2
+
+
+def _run(args) -> int:
+    m, n, k = args.m, args.n, args.k
+    if min(m, n, k) <= 0:
+        raise OutcoreError(f"--m {m} --n {n} --k {k}: all three sizes must be positive")
+    if args.memmap and args.dtype == "bfloat16":
+        raise OutcoreError("--memmap stores numpy files, which have no bfloat16: use "
+                           "--dtype float32 or float64")
+    dtype = _DTYPES[args.dtype]
+    ta, tb = args.layout[0] == "T", args.layout[1] == "T"
+    gen = torch.Generator().manual_seed(args.seed)
+    if args.memmap:
+        os.makedirs(args.memmap, exist_ok=True)
+    path = (lambda s: os.path.join(args.memmap, s)) if args.memmap else (lambda s: None)
+    t0 = time.perf_counter()
+    A = _random((k, m) if ta else (m, k), dtype, gen, path("a.bin"))
+    B = _random((n, k) if tb else (k, n), dtype, gen, path("b.bin"))
+    C = _random((m, n), dtype, gen, path("c.bin"))
+    pinned = []
+    if torch.cuda.is_available() and not args.no_pin and not args.memmap:
+        pinned = [pin_(x) for x in (A, B, C)]
+    print(f"data: A {tuple(A.shape)}, B {tuple(B.shape)}, C {tuple(C.shape)} {args.dtype}"
+          f"{' in ' + args.memmap if args.memmap else ''}{', pinned' if pinned else ''}, "
+          f"ready in {time.perf_counter() - t0:.1f} s")
+    rng = np.random.default_rng(args.seed + 1)
+    idx = list(zip(rng.integers(0, m, args.check), rng.integers(0, n, args.check)))
+    c0 = [float(_as64(C, [i], [j])[0, 0]) for i, j in idx]
+    best = None
+    try:
+        for r in range(max(1, args.repeat)):
+            if r:
+                for (i, j), v in zip(idx, c0):  # beta reads C: restore the sampled entries
+                    C[i, j] = v
+            _, st = matmul(A, B, C, transa=ta, transb=tb, alpha=args.alpha, beta=args.beta,
+                           devices=args.devices, gpu_memory=args.gpu_memory, tile=args.tile,
+                           compute=args.compute, progress=True, return_stats=True)
+            best = st if best is None or st.wall_s < best.wall_s else best
+    finally:
+        for x in pinned:
+            unpin_(x)
+    worst, ratio = _check(A, B, C, c0, idx, ta, tb, args.alpha, args.beta, best.compute)
+    es = torch.empty((), dtype=dtype).element_size()
+    min_in = (m * k + k * n + (m * n if args.beta else 0)) * es
+    print(best.summary())
+    print(f"{best.tflops:.2f} TFLOP/s; moved {fmt_bytes(best.h2d_bytes)} to the devices "
+          f"(minimum {fmt_bytes(min_in)}) and {fmt_bytes(best.d2h_bytes)} back "
+          f"(minimum {fmt_bytes(m * n * es)})")
+    ok = ratio <= 1.0
+    print(f"check: {len(idx)} sampled entries against float64, max error {worst:.3g}, at most "
+          f"{ratio:.2g} of the {best.compute} tolerance: {'ok' if ok else 'FAILED'}")
+    return 0 if ok else 1

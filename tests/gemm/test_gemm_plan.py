@@ -1,0 +1,120 @@
+"""The planner: buffers fit the budget, orders by cache size, the prologue choice, and the
+worker's paths that only the planner for GPUs turns on (run here on the CPU)."""
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+
+from gemm_testlib import check_close
+from outcore.errors import OutcoreError
+from outcore.gemm.hostmat import HostMatrix
+from outcore.gemm.matmul import execute, matmul
+from outcore.gemm.plan import Rates, estimate_seconds, make_plan
+from outcore.gemm.stats import DeviceStats, GemmStats
+from outcore.gemm.worker import GemmJob
+
+F32 = torch.float32
+
+
+@pytest.mark.parametrize("m,n,k,budget,compute", [
+    (32768, 32768, 32768, 120 << 30, "fp32"), (65536, 65536, 16384, 8 << 30, "fp32"),
+    (16384, 65536, 65536, 8 << 30, "bf16"), (1000, 3000, 700, 1 << 20, "fp64"),
+    (5, 100000, 3, 1 << 16, "fp32")])
+def test_plan_fits_budget(m, n, k, budget, compute):
+    p = make_plan(m, n, k, host_dtype=F32, compute=compute, budget=budget)
+    assert p.device_bytes() <= budget
+    assert p.n_slots >= 2 and p.tile_k >= 1
+    assert len(p.tiles()) == p.mt * p.nt
+
+
+def test_everything_fits_grows_from_a_corner_else_bands():
+    p = make_plan(16384, 16384, 16384, host_dtype=F32, compute="fp32", budget=100 << 30)
+    assert p.order == "grow" and p.n_slots == p.nk * (p.mt + p.nt)
+    # 65536^2 x 16384 fp32 in 8 GiB: A does not fit whole: a band of it stays resident
+    p = make_plan(65536, 65536, 16384, host_dtype=F32, compute="fp32", budget=8 << 30)
+    assert p.order in ("rows", "cols") and p.n_slots < p.nk * (p.mt + p.nt)
+    assert p.band >= 2
+
+
+def test_k_too_deep_for_whole_panels_is_cut_into_blocks():
+    p = make_plan(4096, 4096, 1 << 20, host_dtype=F32, compute="fp32", budget=2 << 30)
+    assert p.nk > 1 and p.tile_k % 256 == 0 and p.device_bytes() <= 2 << 30
+
+
+def test_prologue_only_where_link_and_compute_balance():
+    kw = dict(host_dtype=F32, budget=120 << 30)
+    tf32 = make_plan(32768, 32768, 32768, compute="tf32", **kw)
+    fp32 = make_plan(32768, 32768, 32768, compute="fp32", **kw)
+    assert tf32.prologue > 0 and tf32.first_task == tf32.mt * tf32.nt
+    assert fp32.prologue == 0 and fp32.first_task == 1
+    # the model: tf32 with the prologue beats tile-major, and is within 25% of the bound
+    r = Rates()
+    bound = max(2 * 32768**3 / r.flops["tf32"], 2 * 32768**2 * 4 / r.h2d)
+    assert estimate_seconds(tf32, r) < estimate_seconds(replace(tf32, prologue=0), r)
+    assert estimate_seconds(tf32, r) < 1.25 * bound
+    # several devices, or a CPU: never
+    assert make_plan(32768, 32768, 32768, compute="tf32", n_devices=2, **kw).prologue == 0
+    assert make_plan(32768, 32768, 32768, compute="tf32", device_type="cpu", **kw).prologue == 0
+
+
+def test_budget_too_small_for_one_tile():
+    with pytest.raises(ValueError, match="too small for one 64x64 tile.*smaller tile"):
+        make_plan(1000, 1000, 1000, host_dtype=F32, compute="fp32", budget=10_000, tile=64)
+    with pytest.raises(OutcoreError, match="raise gpu_memory"):
+        make_plan(1000, 1000, 1000, host_dtype=F32, compute="fp32", budget=1000,
+                  device_type="cuda")
+
+
+def _run_plan(plan, A, B, out, alpha=1.0, beta=0.0, devices=("cpu",)):
+    job = GemmJob(plan, HostMatrix(A, "A"), HostMatrix(B, "B"), HostMatrix(out, "out"),
+                  ta=False, tb=False, alpha=alpha, beta=beta)
+    devs = [torch.device(d) for d in devices]
+    st = GemmStats(plan.m, plan.n, plan.k, plan.compute, "",
+                   devices=[DeviceStats(f"cpu#{i}") for i in range(len(devs))])
+    execute(job, devs, st)
+    return st
+
+
+@pytest.mark.parametrize("compute,dtype", [("fp32", F32), ("bf16", F32), ("fp32", torch.float64),
+                                           ("fp64", torch.bfloat16)])
+def test_prologue_path_piece_major_then_tile_major(compute, dtype):
+    """Pieces of K over all tiles first, then each tile to the end; with conversion and a
+    C landing buffer when dtypes differ."""
+    g = torch.Generator().manual_seed(3)
+    A, B = torch.randn(21, 40, generator=g).to(dtype), torch.randn(40, 17, generator=g).to(dtype)
+    C0 = torch.randn(21, 17, generator=g).to(dtype)
+    out = C0.clone()
+    plan = make_plan(21, 17, 40, host_dtype=dtype, compute=compute, budget=1 << 20,
+                     tile=(6, 5, 40, 7), device_type="cpu")
+    plan = replace(plan, prologue=3, n_acc=plan.mt * plan.nt)
+    st = _run_plan(plan, A, B, out, alpha=0.5, beta=-1.0)
+    a, b, c = (x.double().numpy() for x in (A, B, C0))
+    tol = "bf16" if torch.bfloat16 in (dtype,) or compute == "bf16" else "fp32"
+    check_close(out, a, b, c, 0.5, -1.0, tol)
+    assert st.devices[0].tiles == plan.mt * plan.nt
+    # each block loaded once, piece by piece
+    assert st.devices[0].block_misses == plan.mt + plan.nt
+
+
+def test_cache_smaller_than_the_problem_reloads_but_stays_exact():
+    g = torch.Generator().manual_seed(4)
+    A, B = torch.randn(64, 96, generator=g), torch.randn(96, 64, generator=g)
+    out, st = matmul(A, B, devices="cpu", tile=(8, 8, 32), gpu_memory=4 * 8 * 32 * 4 + 2 * 256,
+                     return_stats=True)
+    check_close(out, A.double().numpy(), B.double().numpy(), None, 1.0, 0.0, "fp32")
+    blocks = 3 * (8 + 8)
+    assert st.devices[0].block_misses > blocks          # some blocks came twice
+    assert st.devices[0].device_bytes <= 4 * 8 * 32 * 4 + 2 * 256
+
+
+def test_band_plan_moves_fewer_bytes_than_no_reuse():
+    g = torch.Generator().manual_seed(5)
+    A, B = torch.randn(96, 64, generator=g), torch.randn(64, 96, generator=g)
+    budget = 2 * 8 * 8 * 4 + 10 * 8 * 64 * 4
+    out, st = matmul(A, B, devices="cpu", tile=(8, 8), gpu_memory=budget, return_stats=True)
+    check_close(out, A.double().numpy(), B.double().numpy(), None, 1.0, 0.0, "fp32")
+    no_reuse = 12 * 12 * (8 * 64 * 2) * 4
+    minimum = (96 * 64 * 2) * 4
+    assert minimum <= st.devices[0].h2d_bytes < no_reuse / 3
