@@ -135,7 +135,8 @@ def matmul(A, B, out=None, *, transa: bool = False, transb: bool = False, alpha:
     return (out, stats) if return_stats else out
 
 
-def execute(job: GemmJob, devices, stats: GemmStats, progress: bool = False) -> None:
+def execute(job: GemmJob, devices, stats: GemmStats, progress: bool = False,
+            worker_cls=DeviceWorker) -> None:
     """Run `job` (its plan and operands already fixed) on `devices`, one worker each."""
     tiles = job.plan.tiles()
     lock = threading.Lock()
@@ -146,5 +147,5 @@ def execute(job: GemmJob, devices, stats: GemmStats, progress: bool = False) -> 
         def tick(n_done: int) -> None:
             with lock:
                 bar.update(n_done)
-        workers = [DeviceWorker(d, job, s, tick) for d, s in zip(devices, stats.devices)]
+        workers = [worker_cls(d, job, s, tick) for d, s in zip(devices, stats.devices)]
         run_workers(TileQueue(tiles, len(devices)), workers, first=p.first_task)

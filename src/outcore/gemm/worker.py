@@ -119,8 +119,8 @@ class DeviceWorker:
 
     def _setup(self) -> None:
         p, dev = self.plan, self.device
-        self.lanes = Lanes(dev)
-        self.conv = torch.cuda.Stream(dev) if self.lanes.cuda and p.needs_landing else None
+        self.lanes = self._make_lanes()
+        self.conv = torch.cuda.Stream(dev) if dev.type == "cuda" and p.needs_landing else None
         self.cache = BlockCache(p.n_slots, p.slot_numel, p.compute_dtype, dev)
         self.accs: list = [None] * p.n_acc
         self.acc_free: list = [None] * p.n_acc      # event: last reader of the accumulator
@@ -132,6 +132,9 @@ class DeviceWorker:
         self.kspans = spans(p.k, p.tile_k)
         self.pspans = [spans(k1 - k0, p.piece_k) for k0, k1 in self.kspans]
         self.copier = Copier(self.lanes, self.stats, max(p.piece_numel, p.tile_m * p.tile_n))
+
+    def _make_lanes(self) -> Lanes:
+        return Lanes(self.device)
 
     def _buf(self, bufs: list, i: int, numel: int, dtype, shape) -> torch.Tensor:
         if bufs[i] is None:

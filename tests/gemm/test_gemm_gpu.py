@@ -1,0 +1,101 @@
+"""GPU checks (skipped without CUDA): direct 2-D DMA, staging, conversion, several GPUs,
+the prologue schedule and the cuBLASXt baseline, all against float64."""
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+
+from gemm_testlib import check_close
+
+if not torch.cuda.is_available():
+    pytest.skip("needs CUDA", allow_module_level=True)
+
+from outcore.gemm import cudacopy  # noqa: E402
+from outcore.gemm.cublasxt import CublasXt  # noqa: E402
+from outcore.gemm.hostmat import HostMatrix  # noqa: E402
+from outcore.gemm.matmul import execute, matmul  # noqa: E402
+from outcore.gemm.plan import make_plan  # noqa: E402
+from outcore.gemm.stats import DeviceStats, GemmStats  # noqa: E402
+from outcore.gemm.worker import GemmJob  # noqa: E402
+from outcore.memory import pin_, unpin_  # noqa: E402
+
+
+def _data(m, n, k, pinned, dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    A, B, C = (torch.randn(*s, generator=g).to(dtype) for s in ((m, k), (k, n), (m, n)))
+    if pinned:
+        for x in (A, B, C):
+            pin_(x)
+    return A, B, C
+
+
+@pytest.mark.parametrize("pinned", [True, False])
+@pytest.mark.parametrize("compute", ["fp32", "tf32", "bf16", "fp64"])
+def test_gpu_matches_float64(pinned, compute):
+    A, B, C = _data(1000, 700, 900, pinned)
+    C0 = C.clone()
+    matmul(A, B, C, alpha=0.5, beta=2.0, devices=0, compute=compute, tile=(256, 192))
+    check_close(C, A.double().numpy(), B.double().numpy(), C0.double().numpy(), 0.5, 2.0,
+                {"tf32": "bf16"}.get(compute, "fp32" if compute == "fp64" else compute))
+    if pinned:
+        assert cudacopy.available() is True   # strided tiles of pinned matrices: 2-D DMA
+        for x in (A, B, C):
+            unpin_(x)
+
+
+def test_gpu_transposes_strides_and_cache_limit():
+    g = torch.Generator().manual_seed(1)
+    A = torch.randn(900, 1400, generator=g)[:, ::2]          # strided: staged
+    B = pin_(torch.randn(800, 700, generator=g))             # pinned, used transposed
+    out, st = matmul(A, B, transb=True, devices=0, gpu_memory="6MiB", tile=256,
+                     return_stats=True)
+    check_close(out, A.double().numpy(), B.double().numpy(), None, 1.0, 0.0, "fp32",
+                transb=True)
+    assert st.devices[0].device_bytes <= 6 << 20
+    unpin_(B)
+
+
+def test_prologue_schedule_on_the_gpu():
+    A, B, C = _data(1024, 768, 2048, True)
+    plan = make_plan(1024, 768, 2048, host_dtype=torch.float32, compute="bf16", budget=1 << 30,
+                     tile=(256, 256, 2048, 256))
+    plan = replace(plan, prologue=3, n_acc=plan.mt * plan.nt)
+    job = GemmJob(plan, HostMatrix(A, "A"), HostMatrix(B, "B"), HostMatrix(C, "C"), False,
+                  False, 1.0, 0.0)
+    st = GemmStats(1024, 768, 2048, "bf16", "", devices=[DeviceStats("cuda:0")])
+    execute(job, [torch.device("cuda", 0)], st)
+    check_close(C, A.double().numpy(), B.double().numpy(), None, 1.0, 0.0, "bf16")
+    assert st.devices[0].block_misses == plan.mt + plan.nt
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_two_gpus_share_the_tiles():
+    A, B, C = _data(2048, 2048, 512, True)
+    _, st = matmul(A, B, C, devices=[0, 1], tile=256, return_stats=True)
+    check_close(C, A.double().numpy(), B.double().numpy(), None, 1.0, 0.0, "fp32")
+    assert all(d.tiles > 0 for d in st.devices)
+
+
+def test_numpy_memmap_on_the_gpu(tmp_path):
+    rng = np.random.default_rng(2)
+    a = np.memmap(tmp_path / "a", dtype=np.float64, mode="w+", shape=(300, 200))
+    a[:] = rng.standard_normal(a.shape)
+    b = rng.standard_normal((200, 100))
+    got = matmul(a, b, devices=0, tile=64)
+    check_close(got, np.asarray(a), b, None, 1.0, 0.0, "fp64")
+
+
+@pytest.mark.parametrize("transa,transb", [(False, False), (False, True), (True, False)])
+def test_cublasxt_baseline(transa, transb):
+    g = torch.Generator().manual_seed(3)
+    A = pin_(torch.randn(*((300, 500) if transa else (500, 300)), generator=g))
+    B = pin_(torch.randn(*((400, 300) if transb else (300, 400)), generator=g))
+    C = pin_(torch.zeros(500, 400))
+    with CublasXt([0], block_dim=256) as xt:
+        xt.gemm(A, B, C, transa=transa, transb=transb)
+    check_close(C, A.double().numpy(), B.double().numpy(), None, 1.0, 0.0, "fp32",
+                transa, transb)
+    for x in (A, B, C):
+        unpin_(x)
