@@ -1,6 +1,8 @@
 """outcore.swap as a context manager and as an object: hooks on while active, none after,
 also when nested and on exceptions; bad input gets a one-line error."""
 
+import gc
+
 import pytest
 import torch
 from torch import nn
@@ -161,3 +163,17 @@ def test_report_summary_and_counts():
     assert sum(r.by_module.values()) == r.bytes_to_host
     assert set(r.by_module) <= {n for n, _ in model.named_modules()}
     assert r.copy_s > 0 and r.hidden_s == 0.0     # on the CPU every copy is exposed
+
+
+def test_host_limit_error_surfaces_and_leaves_clean():
+    model = tiny_cnn()
+    before = hook_counts(model)
+    store = HostStore(slab_bytes=64 * 1024, limit=200_000)
+    with pytest.raises(OutcoreError, match="host_memory") as info:
+        with outcore.swap(model, store=store, **FORCE):
+            loss_of(model, *batch(64)).backward()
+    assert "\n" not in str(info.value)
+    assert hook_counts(model) == before and saved_hooks_top() is None
+    del info                                # its traceback holds the failed forward's graph
+    gc.collect()
+    assert store.in_use_bytes == 0          # ... whose runs then come back

@@ -8,8 +8,8 @@ conv) is copied once: packs are deduplicated by (address, dtype, shape, strides,
 while the first saved tensor object is alive (so the address cannot have been reused).
 
 unpack (backward): the handle is fetched back if it is not on the device yet, and the next
-handles of the schedule (handles.py: reverse save order, or the order the previous step's
-backward used) are prefetched on the h2d stream while fewer than `window` bytes are
+handles of the schedule (handles.py: reverse save order node by node, or the order the
+previous step's backward used) are prefetched on the h2d stream while fewer than `window` bytes are
 fetched and unused. Prefetching starts when backward reaches the model's output, so
 swapped tensors come back while the backward of the kept ones runs. Strides are kept: a
 tensor comes back bit-identical with the same layout, so gradients are exactly those
@@ -26,7 +26,7 @@ import torch
 
 from ..transfer import Lanes, host_wait
 from .config import SwapConfig
-from .handles import Generation, Handle, dense
+from .handles import Generation, Handle, dense, node_seq
 from .host import HostStore
 from .policy import BudgetPolicy, StepPlan
 from .report import CopyClock, SwapReport
@@ -134,6 +134,7 @@ class ActivationSwapper:
             rep.deduplicated += 1   # the first tensor is alive: the address was not reused
             if isinstance(hit[1], Handle):
                 hit[1].packs += 1
+                hit[1].seq = node_seq()  # needed first by this later node in backward
             return hit[1]
         if not dense(t):  # a strided view (of a weight, say): copying it frees nothing
             rep.strided_tensors += 1
@@ -209,9 +210,7 @@ class ActivationSwapper:
         if st.cuda:
             self._drain(st)
         if h.dev is None:
-            self._fetch(h, st, "fetch")
-            for s in gen.siblings(h):  # the same node uses these next (save order)
-                self._fetch(s, st, "sibling")
+            self._fetch(h, st, "fetch")  # not predicted: fetch on demand (the stream waits)
         elif h.ahead:
             h.ahead = False
             gen.inflight -= h.nbytes

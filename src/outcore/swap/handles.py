@@ -3,10 +3,11 @@
 Generation.schedule is the order backward is expected to use the handles in:
   - the first-use order seen in the previous forward's backward, when that forward saved
     the same sizes (a training loop: every step but the first);
-  - else the reverse of the save order. Backward runs nodes in about reverse creation
-    order, but a node uses its own saved tensors in save order (BatchNorm: input, then
-    its statistics), so a fetch on demand also fetches the handles saved right after it
-    (its "siblings") until one that is already fetched or used.
+  - else the reverse of the save order, node by node: autograd's engine runs ready nodes
+    highest sequence number first (the reverse of creation), and a node unpacks its own
+    saved tensors in save order (BatchNorm: input, then its statistics). So handles are
+    sorted by the sequence number of the latest node that saved them (descending; a
+    tensor saved by two nodes is needed at the later one), then by save order.
 """
 
 from __future__ import annotations
@@ -14,6 +15,14 @@ from __future__ import annotations
 import weakref
 
 import torch
+
+_next_seq = getattr(torch._C._autograd, "_get_sequence_nr", None)
+
+
+def node_seq() -> int:
+    """Sequence number of the autograd node being created (pack runs inside its creation;
+    the counter already points past it). 0 where torch does not expose the counter."""
+    return _next_seq() - 1 if _next_seq is not None else 0
 
 from .host import HostStore, Run
 
@@ -36,13 +45,13 @@ class Handle:
     original), held from its fetch until every pack of it was unpacked.
     """
 
-    __slots__ = ("gen", "index", "cand", "store", "run", "host", "shape", "stride", "dtype",
-                 "device", "nbytes", "event", "dev", "ready", "packs", "unpacks", "ahead",
-                 "used", "__weakref__")
+    __slots__ = ("gen", "index", "cand", "seq", "store", "run", "host", "shape", "stride",
+                 "dtype", "device", "nbytes", "event", "dev", "ready", "packs", "unpacks",
+                 "ahead", "used", "__weakref__")
 
     def __init__(self, gen: "Generation", cand: int, store: HostStore, run: Run,
                  t: torch.Tensor, nbytes: int):
-        self.gen, self.index, self.cand = gen, len(gen.items), cand
+        self.gen, self.index, self.cand, self.seq = gen, len(gen.items), cand, node_seq()
         self.store, self.run = store, run
         self.host = run.view(t.dtype, t.numel())
         self.shape, self.stride, self.dtype = t.shape, t.stride(), t.dtype
@@ -83,7 +92,11 @@ class Generation:
 
     def plan_schedule(self, prev: "Generation | None") -> None:
         """Order the handles for backward (see the module docstring)."""
-        default = range(len(self.items) - 1, -1, -1)
+        seqs = []
+        for i, ref in enumerate(self.items):
+            h = ref()
+            seqs.append((-(h.seq if h is not None else -1), i))
+        default = [i for _, i in sorted(seqs)]
         order: list[int] = []
         if prev is not None and prev.used and prev.sizes == self.sizes:
             by_cand = {}
@@ -105,16 +118,6 @@ class Generation:
                 h = ref()
                 if h is not None:
                     h.used, h.ahead = False, False
-
-    def siblings(self, h: Handle) -> list[Handle]:
-        """Handles saved right after h and not fetched or used yet (same autograd node)."""
-        out = []
-        for ref in self.items[h.index + 1:]:
-            s = ref()
-            if s is None or s.dev is not None or s.used:
-                break
-            out.append(s)
-        return out
 
     def next_ahead(self) -> Handle | None:
         """The next handle to prefetch per the schedule, or None; moves the cursor."""
