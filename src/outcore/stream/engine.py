@@ -82,6 +82,7 @@ class Engine:
         self._buffers = self._device_buffers()
         self._dropout = any(isinstance(m, nn.Dropout) and m.p > 0 for m in model.modules())
         self._sq: list[torch.Tensor] = []
+        self._anchor = torch.zeros((), device=self.device, requires_grad=True)
         self._other_peak: int | None = None
         if self.gpu_memory is not None and self.lanes.cuda:
             total = torch.cuda.get_device_properties(self.device).total_memory
@@ -102,6 +103,10 @@ class Engine:
     def synchronize(self) -> None:
         """Wait until every pending optimizer update has been applied."""
         self.schedule.wait_all()
+
+    def set_lr(self, lr: float) -> None:
+        """Learning rate for the updates of the next step (and any still pending)."""
+        self.opt.set_lr(lr)
 
     @property
     def num_params(self) -> int:
@@ -197,7 +202,6 @@ class Engine:
         self.stash.limit = self._stash_limit()
         if self.lanes.cuda:
             torch.cuda.reset_peak_memory_stats(self.device)
-        self.schedule.begin_backward(hold=self.max_grad_norm is not None)
         originals = self._install()
         try:
             loss = self._forward_backward(kwargs, batch, loss_fn)
@@ -225,6 +229,9 @@ class Engine:
                 raise OutcoreError(f"the model's forward rejected the batch (keys "
                                    f"{sorted(batch)}): {str(e).splitlines()[0]}") from None
             loss = self._loss(out, batch, loss_fn)
+        # Every update of the last step has been waited for by this forward, so holding
+        # (clipping) now cannot starve it.
+        self.schedule.begin_backward(hold=self.max_grad_norm is not None)
         loss.backward()
         if rest.numel():
             self.grad_ready(0, rest.grad)
@@ -297,7 +304,7 @@ class Engine:
                     hidden, rest = args[0], args[1:]
                 else:
                     hidden, rest = kw.pop("hidden_states"), ()
-                out = BlockFn.apply(self.runner, _g, (rest, kw), hidden)
+                out = BlockFn.apply(self.runner, _g, (rest, kw), self._anchor, hidden)
                 n = self.runner.tuple_len.get(_g)
                 return out if n is None else (out,) + (None,) * (n - 1)
             originals.append((mod, mod.__dict__.get("forward")))

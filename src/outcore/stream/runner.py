@@ -19,16 +19,20 @@ class BlockFn(torch.autograd.Function):
     """hidden: B x T x D (any leading batch dim) -> block(hidden): same shape."""
 
     @staticmethod
-    def forward(ctx, runner, g: int, extra, hidden):
+    def forward(ctx, runner, g: int, extra, anchor, hidden):
+        # `anchor` is a scalar that requires grad, so the block's node is in the graph even
+        # when its input does not require grad (the first layer of an nn.Sequential).
         ctx.runner, ctx.g, ctx.extra = runner, g, extra
+        ctx.input_grad = hidden.requires_grad
         ctx.autocast = runner.autocast_state()
         out, ctx.rng = runner.forward_block(g, hidden, extra)
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        grad_in = ctx.runner.backward_block(ctx.g, grad_out, ctx.extra, ctx.autocast, ctx.rng)
-        return None, None, None, grad_in
+        grad_in = ctx.runner.backward_block(ctx.g, grad_out, ctx.extra, ctx.autocast, ctx.rng,
+                                            ctx.input_grad)
+        return None, None, None, None, grad_in
 
 
 class BlockRunner:
@@ -97,7 +101,8 @@ class BlockRunner:
         return out, rng
 
     # -- backward ---------------------------------------------------------------
-    def backward_block(self, g: int, grad_out: torch.Tensor, extra, autocast, rng):
+    def backward_block(self, g: int, grad_out: torch.Tensor, extra, autocast, rng,
+                       input_grad: bool = True):
         e = self.e
         hidden = e.stash.take(g)
         w = self._weights(g)
@@ -113,15 +118,19 @@ class BlockRunner:
         t = e.timer.start()
         for i in range(n):
             leaf = w.detach().requires_grad_(True)
-            h = hs[i].detach().requires_grad_(True)
+            h = hs[i].detach().requires_grad_(input_grad)
             e.rng_restore(rng[i])
             with torch.enable_grad(), self._autocast(autocast):
                 out = self._call(g, leaf, h, xs[i])
-            gw, gh = torch.autograd.grad(out, (leaf, h), gs[i], allow_unused=True)
-            if gw is not None:
-                grad_w += gw  # fp32 accumulation across micro-batches
-            grads_in.append(gh if gh is not None else torch.zeros_like(h))
+            wrt = (leaf, h) if input_grad else (leaf,)
+            grads = torch.autograd.grad(out, wrt, gs[i], allow_unused=True)
+            if grads[0] is not None:
+                grad_w += grads[0]  # fp32 accumulation across micro-batches
+            if input_grad:
+                grads_in.append(grads[1] if grads[1] is not None else torch.zeros_like(h))
         e.timer.stop(t)
         e.cache.release(g)
         e.grad_ready(g, grad_w)
+        if not input_grad:
+            return None
         return grads_in[0] if n == 1 else torch.cat(grads_in, dim=0)

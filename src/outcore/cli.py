@@ -1,0 +1,79 @@
+"""The `outcore` command: train (the default, and the demo), plus the capabilities' tools."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .errors import OutcoreError
+
+
+def _train_parser(sub) -> None:
+    p = sub.add_parser("train", help="train a decoder LM with host-resident state "
+                       "(no arguments: the demo)")
+    p.add_argument("--config", help="TOML file with any of the keys below ([train] table)")
+    p.add_argument("--model", help="reference size (tiny, small, 125m .. 70b) or a local "
+                   "Hugging Face checkpoint directory")
+    p.add_argument("--data", help="text file or folder (default: the Python stdlib sources)")
+    p.add_argument("--seq-len", type=int)
+    p.add_argument("--batch-size", type=int)
+    p.add_argument("--micro-batch-size", type=int)
+    p.add_argument("--lr", type=float)
+    p.add_argument("--weight-decay", type=float)
+    p.add_argument("--max-grad-norm", type=float)
+    p.add_argument("--warmup-steps", type=int)
+    p.add_argument("--max-steps", type=int)
+    p.add_argument("--save-every", type=int)
+    p.add_argument("--output-dir")
+    p.add_argument("--resume", action="store_true", default=None)
+    p.add_argument("--device", help="auto (default), cpu, cuda or cuda:N")
+    p.add_argument("--gpu-memory", help="device memory budget, e.g. 24GiB")
+    p.add_argument("--compute-dtype", choices=["auto", "float32", "bfloat16", "tf32"])
+    p.add_argument("--seed", type=int)
+    p.set_defaults(func=_run_train)
+
+
+def _run_train(args) -> int:
+    from . import config, train
+    flags = {k: v for k, v in vars(args).items() if k not in ("func", "config", "command")}
+    file_values = config.load_toml(args.config) if args.config else {}
+    cfg = config.build(file_values, flags)
+    train.run(cfg)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="outcore", description="Train models larger than "
+                                     "GPU memory, from host memory.")
+    sub = parser.add_subparsers(dest="command")
+    _train_parser(sub)
+    for mod in ("gemm", "embed"):
+        try:
+            register = __import__(f"outcore.{mod}.cli", fromlist=["register"]).register
+        except (ImportError, AttributeError):
+            continue  # that capability is not built in this checkout
+        register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser()
+    if not argv:
+        argv = ["train"]  # no arguments: the demo
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except OutcoreError as e:
+        print(f"outcore: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("outcore: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

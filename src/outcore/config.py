@@ -1,0 +1,92 @@
+"""Typed configuration of `outcore train`, from flags and/or a TOML file.
+
+Precedence: defaults < --config FILE.toml < explicit flags. An unknown key in the file is
+an error naming the closest valid key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import tomllib
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+from .errors import OutcoreError
+
+
+@dataclass
+class TrainConfig:
+    model: str = "small"              # a reference size (outcore.models.SIZES) or an HF dir
+    data: str | None = None           # text file or folder; None = the stdlib corpus
+    seq_len: int = 256
+    batch_size: int = 16
+    micro_batch_size: int | None = None
+    lr: float = 2e-3
+    weight_decay: float = 0.1
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: float = 1e-8
+    max_grad_norm: float | None = 1.0
+    warmup_steps: int = 10
+    max_steps: int = 60
+    save_every: int = 0               # 0: only at the end
+    output_dir: str = "outcore-demo"
+    resume: bool = False
+    device: str = "auto"              # auto = cuda when present, else cpu
+    gpu_memory: str | None = None
+    compute_dtype: str = "auto"       # auto | float32 | bfloat16 | tf32
+    seed: int = 0
+    max_data_bytes: int = 3_000_000   # of the built-in corpus
+    generate_tokens: int = 200
+    extra: dict = field(default_factory=dict, repr=False)
+
+    def validate(self) -> "TrainConfig":
+        for name in ("seq_len", "batch_size", "max_steps"):
+            if getattr(self, name) < 1:
+                raise OutcoreError(f"{name}={getattr(self, name)} must be >= 1")
+        if self.micro_batch_size is not None and self.micro_batch_size < 1:
+            raise OutcoreError(f"micro_batch_size={self.micro_batch_size} must be >= 1")
+        if self.save_every < 0:
+            raise OutcoreError(f"save_every={self.save_every} must be >= 0")
+        if self.compute_dtype not in ("auto", "float32", "bfloat16", "tf32"):
+            raise OutcoreError(f"compute_dtype={self.compute_dtype!r}: use auto, float32, "
+                               "bfloat16 or tf32")
+        return self
+
+
+def config_keys() -> list[str]:
+    return [f.name for f in fields(TrainConfig) if f.name != "extra"]
+
+
+def load_toml(path: str | Path) -> dict:
+    """The [train] table of a TOML file (or its top level), keys checked against TrainConfig."""
+    p = Path(path)
+    try:
+        data = tomllib.loads(p.read_text())
+    except FileNotFoundError:
+        raise OutcoreError(f"--config {path}: no such file") from None
+    except tomllib.TOMLDecodeError as e:
+        raise OutcoreError(f"--config {path}: not valid TOML ({e})") from None
+    table = data.get("train", data)
+    keys = config_keys()
+    for k in table:
+        norm = k.replace("-", "_")
+        if norm not in keys:
+            close = difflib.get_close_matches(norm, keys, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else f"; valid keys: {', '.join(keys)}"
+            raise OutcoreError(f"unknown config key {k!r} in {path}{hint}")
+    return {k.replace("-", "_"): v for k, v in table.items()}
+
+
+def build(file_values: dict, flag_values: dict) -> TrainConfig:
+    """TrainConfig from defaults, then the file, then flags that were given (not None)."""
+    cfg = TrainConfig()
+    merged = {**file_values, **{k: v for k, v in flag_values.items() if v is not None}}
+    types = {f.name: f.type for f in fields(TrainConfig)}
+    for k, v in merged.items():
+        if k not in types:
+            raise OutcoreError(f"unknown config key {k!r}")
+        if k == "betas" and isinstance(v, (list, tuple)):
+            v = tuple(float(x) for x in v)
+        setattr(cfg, k, v)
+    return dataclasses.replace(cfg).validate()

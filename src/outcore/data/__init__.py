@@ -1,0 +1,6 @@
+"""Training data: corpora that need no download, tokenization and packing."""
+
+from .corpus import ByteTokenizer, read_text_sources, stdlib_corpus
+from .packed import PackedTokens
+
+__all__ = ["ByteTokenizer", "PackedTokens", "read_text_sources", "stdlib_corpus"]

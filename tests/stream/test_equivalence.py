@@ -1,0 +1,94 @@
+"""Several steps of outcore equal the same steps of plain PyTorch, for every model family."""
+
+import copy
+
+import pytest
+import torch
+
+import outcore
+
+from .models import batch_for, blocks_for, loss_fn_for, make
+
+FAMILIES = ["decoder", "llama", "qwen2", "mistral", "gpt2", "list", "sequential"]
+LR, EPS, WD = 3e-3, 1e-6, 0.1
+
+
+def plain_steps(model, batches, loss_fn, clip):
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, eps=EPS, weight_decay=WD)
+    losses = []
+    for b in batches:
+        opt.zero_grad()
+        if loss_fn is None:
+            loss = model(**b).loss
+        else:
+            loss = loss_fn(model(b["x"] if "x" in b else b["input"]), b)
+        loss.backward()
+        if clip is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+def rel(a, b):
+    return ((a - b).norm() / b.norm().clamp(min=1e-12)).item()
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("micro,clip", [(None, None), (2, 0.05)])
+def test_matches_plain_pytorch(family, micro, clip):
+    torch.manual_seed(1)
+    model = make(family)
+    ref = copy.deepcopy(model)
+    gen = torch.Generator().manual_seed(2)
+    batches = [batch_for(family, gen) for _ in range(3)]
+    want = plain_steps(ref, batches, loss_fn_for(family), clip)
+    engine = outcore.Engine(model, optimizer=outcore.AdamW(lr=LR, eps=EPS, weight_decay=WD),
+                            device="cpu", micro_batch_size=micro, max_grad_norm=clip,
+                            blocks=blocks_for(family))
+    got = [engine.train_step(b, loss_fn=loss_fn_for(family)) for b in batches]
+    for g, w in zip(got, want):
+        assert abs(g - w) <= 1e-5 * abs(w), (got, want)
+    ours = dict(engine.model.named_parameters())
+    for name, p in ref.named_parameters():
+        assert rel(ours[name].detach(), p.detach()) < 1e-4, name
+    assert engine.step_count == 3
+    engine.close()
+
+
+def test_clipping_is_active_in_the_comparison():
+    """The clip threshold used above really changes the result (so the test can fail)."""
+    torch.manual_seed(1)
+    a, b = make("decoder"), None
+    b = copy.deepcopy(a)
+    gen = torch.Generator().manual_seed(2)
+    batches = [batch_for("decoder", gen) for _ in range(2)]
+    plain_steps(a, batches, None, 0.05)
+    plain_steps(b, batches, None, None)
+    diffs = [rel(p, q) for p, q in zip(a.parameters(), b.parameters())]
+    assert max(diffs) > 1e-3
+
+
+def test_tied_weights_stay_tied():
+    model = make("gpt2")
+    engine = outcore.Engine(model, device="cpu")
+    gen = torch.Generator().manual_seed(0)
+    engine.train_step(batch_for("gpt2", gen))
+    m = engine.model
+    assert m.lm_head.weight is m.transformer.wte.weight
+    assert m.lm_head.weight.data_ptr() == m.transformer.wte.weight.data_ptr()
+    engine.close()
+
+
+def test_bf16_compute_trains_close_to_fp32():
+    torch.manual_seed(3)
+    model = make("decoder")
+    ref = copy.deepcopy(model)
+    gen = torch.Generator().manual_seed(4)
+    b = batch_for("decoder", gen)
+    want = plain_steps(ref, [b], None, None)[0]
+    engine = outcore.Engine(model, device="cpu", compute_dtype=torch.bfloat16)
+    got = engine.train_step(b)
+    assert abs(got - want) < 0.05 * abs(want)
+    assert all(p.dtype == torch.float32 for p in engine.model.parameters())
+    engine.close()
