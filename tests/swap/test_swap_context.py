@@ -145,6 +145,11 @@ def test_nested_parameter_swapping_is_refused_cleanly():
     with outcore.swap(model, swap_params=True, **FORCE):
         with pytest.raises(OutcoreError, match="swap_params=False"):
             outcore.swap(model[1], swap_params=True, **FORCE)
+        other = nn.Sequential(nn.Linear(4, 4), model[0][0])     # one new, one taken
+        with pytest.raises(OutcoreError, match="swap_params=False"):
+            outcore.swap(other, swap_params=True, **FORCE)
+        with outcore.swap(nn.Sequential(other[0]), swap_params=True, **FORCE):
+            pass                                                 # the new one is free
         with outcore.swap(model[1], **FORCE):      # activations only: fine
             loss_of(model, *batch(4)).backward()
     assert hook_counts(model) == before

@@ -107,3 +107,23 @@ def test_cuda_budget_keeps_what_fits():
             nn.functional.cross_entropy(model(x), y).backward()
     r = s.report()
     assert r.offloaded_tensors > 0 and r.kept_tensors > 0 and r.prefetched_tensors > 0
+
+
+@pytest.mark.parametrize("make_opt", [
+    lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9),            # foreach on CUDA
+    lambda ps: torch.optim.Adam(ps, lr=1e-3, fused=True)])
+def test_cuda_parameter_swapping_over_optimizer_steps(make_opt):
+    x, y = data()
+    plain, swapped = cnn(), cnn()
+    opts = make_opt(plain.parameters()), make_opt(swapped.parameters())
+    s = outcore.swap(swapped, min_swap_bytes=1, swap_params=True)
+    for _ in range(3):
+        for m, opt in zip((plain, swapped), opts):
+            opt.zero_grad()
+            nn.functional.cross_entropy(m(x), y).backward()
+            opt.step()
+    s.close()
+    for a, b in zip(plain.state_dict().values(), swapped.state_dict().values()):
+        assert torch.equal(a, b)
+    nbytes = sum(p.numel() * p.element_size() for p in swapped.parameters())
+    assert s.report().param_bytes_to_host == 3 * nbytes   # every step changed them

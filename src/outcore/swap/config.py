@@ -30,7 +30,12 @@ class SwapConfig:
     reserve_bytes   part of gpu_memory left for what cannot be swapped: backward's
                     gradient buffers, workspaces, parameter gradients. None: auto, 5% of
                     the budget + 4 x the largest saved tensor + pending .grad bytes.
-    swap_params     also keep parameters of modules not running in host memory (opt-in).
+    swap_params     also keep parameters of modules not running in host memory (opt-in;
+                    see params.py for when they live where). Each parameter must be used
+                    only in the forward of the module that owns it (nn.MultiheadAttention
+                    reads its out_proj weight itself: not supported), and must change only
+                    through in-place ops that bump its version (optimizers, copy_ under
+                    no_grad), not through .data.
     param_prefetch_bytes  window of parameter prefetch (next modules' weights).
     force_copy      swap tensors that already live in host memory (CPU device) too, through
                     a separate host buffer: lets CPU tests exercise the offload path.

@@ -12,19 +12,22 @@ Generation.schedule is the order backward is expected to use the handles in:
 
 from __future__ import annotations
 
+import itertools
 import weakref
 
 import torch
 
+from .host import HostStore, Run
+
 _next_seq = getattr(torch._C._autograd, "_get_sequence_nr", None)
+_packs = itertools.count()
 
 
 def node_seq() -> int:
     """Sequence number of the autograd node being created (pack runs inside its creation;
-    the counter already points past it). 0 where torch does not expose the counter."""
-    return _next_seq() - 1 if _next_seq is not None else 0
-
-from .host import HostStore, Run
+    the counter already points past it). Where torch does not expose the counter: a count
+    of packs, which makes the schedule plain reverse save order."""
+    return _next_seq() - 1 if _next_seq is not None else next(_packs)
 
 
 def dense(t: torch.Tensor) -> bool:

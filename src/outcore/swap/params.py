@@ -61,21 +61,22 @@ class ParamSwapper:
         self.modules: list[nn.Module] = []
         self.slots: dict[int, _Slot] = {}
         self.lanes: dict[torch.device, Lanes] = {}
+        found = []
         for mod in model.modules():
-            unit = []
-            for p in mod.parameters(recurse=False):
-                if not (p.is_cuda or force_copy) or not _owns_storage(p):
-                    continue
-                if id(p) in _OWNED and _OWNED[id(p)] is not self:
-                    raise OutcoreError("a parameter is already swapped by an enclosing "
-                                       "outcore.swap: pass swap_params=False to the inner one")
+            params = [p for p in mod.parameters(recurse=False)
+                      if (p.is_cuda or force_copy) and _owns_storage(p)]
+            if params:
+                found.append((mod, params))
+        if any(_OWNED.get(id(p), self) is not self for _, ps in found for p in ps):
+            raise OutcoreError("a parameter is already swapped by an enclosing outcore.swap: "
+                               "pass swap_params=False to the inner one")
+        for mod, params in found:
+            for p in params:
                 if id(p) not in self.slots:
                     self.slots[id(p)] = _Slot(p, store)
                     _OWNED[id(p)] = self
-                unit.append(self.slots[id(p)])
-            if unit:
-                self.units.append(unit)
-                self.modules.append(mod)
+            self.units.append([self.slots[id(p)] for p in params])
+            self.modules.append(mod)
         self.order: list[int] = []        # units in first-call order, this forward
         self.prev: list[int] = []         # ... and in the previous forward
         self.bwd: list[int] = []          # order of the forward that built the graph
