@@ -1,7 +1,6 @@
 """outcore.matmul against a float64 reference over random shapes, layouts and options."""
 
 import numpy as np
-import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st

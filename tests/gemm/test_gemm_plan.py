@@ -3,7 +3,6 @@ worker's paths that only the planner for GPUs turns on (run here on the CPU)."""
 
 from dataclasses import replace
 
-import numpy as np
 import pytest
 import torch
 

@@ -5,7 +5,6 @@ be CUDA: every copy then takes the staging path a GPU takes for pageable host da
 import contextlib
 from dataclasses import replace
 
-import numpy as np
 import pytest
 import torch
 

@@ -77,7 +77,8 @@ def _as64(x, rows, cols) -> np.ndarray:
     return x[rows][:, cols].to(torch.float64).numpy()
 
 
-def _check(A, B, C, c0, idx, ta: bool, tb: bool, alpha: float, beta: float, compute: str):
+def check_sampled(A, B, C, c0, idx, ta: bool, tb: bool, alpha: float, beta: float,
+                  compute: str):
     """(largest error, largest error / tolerance) over the sampled entries (i, j) of C."""
     worst = ratio = 0.0
     for (i, j), c_init in zip(idx, c0):
@@ -138,7 +139,7 @@ def _run(args) -> int:
     finally:
         for x in pinned:
             unpin_(x)
-    worst, ratio = _check(A, B, C, c0, idx, ta, tb, args.alpha, args.beta, best.compute)
+    worst, ratio = check_sampled(A, B, C, c0, idx, ta, tb, args.alpha, args.beta, best.compute)
     es = torch.empty((), dtype=dtype).element_size()
     min_in = (m * k + k * n + (m * n if args.beta else 0)) * es
     print(best.summary())

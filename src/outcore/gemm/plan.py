@@ -17,13 +17,14 @@ first part of K over all tiles first, see `estimate_seconds`), from the device r
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 
 import torch
 
 from ..errors import OutcoreError
 from ..units import fmt_bytes
-from .tiles import band_order, cdiv, growing_order, make_tiles, spans
+from .model import Rates, estimate_seconds
+from .tiles import band_order, cdiv, growing_order, make_tiles
 
 # compute name -> (dtype the tiles are multiplied in, dtype they are accumulated in)
 COMPUTE = {
@@ -36,15 +37,6 @@ DEFAULT_COMPUTE = {torch.float64: "fp64", torch.float32: "fp32", torch.bfloat16:
 PIECE_BYTES = 32 << 20      # one copy (and event) per 32 MiB: compute starts early enough
 MIN_TILE = {"cuda": 64, "cpu": 4}
 DEFAULT_TILE = {"cuda": 4096, "cpu": 256}
-
-
-@dataclass(frozen=True)
-class Rates:
-    """Per-device rates the schedule is chosen with (H200 figures from DESIGN.md)."""
-    flops: dict = field(default_factory=lambda: {
-        "fp64": 60e12, "fp32": 51e12, "tf32": 414e12, "bf16": 801e12})
-    h2d: float = 55e9
-    d2h: float = 55e9
 
 
 @dataclass(frozen=True)
@@ -240,7 +232,6 @@ def make_plan(m: int, n: int, k: int, *, host_dtype: torch.dtype, compute: str, 
 
 
 def _replace(plan: GemmPlan, **kw) -> GemmPlan:
-    from dataclasses import replace
     return replace(plan, **kw)
 
 
@@ -262,43 +253,3 @@ def _maybe_prologue(plan: GemmPlan, n_devices: int, device_type: str, rates: Rat
         if t < 0.98 * best_t:
             best, best_t = cand, t
     return _replace(best, est_seconds=best_t)
-
-
-def estimate_seconds(plan: GemmPlan, rates: Rates) -> float:
-    """Model of one device running `plan`: one h2d link, one compute engine, one d2h link.
-
-    Pieces load in the order first needed, a GEMM starts when its pieces have landed, a
-    tile's store starts when its last GEMM is done. Ignores cache eviction (used only when
-    everything fits) and per-call overheads.
-    """
-    hb = _size(plan.host_dtype)
-    rate = rates.flops[plan.compute]
-    kspans = spans(plan.k, plan.tile_k)
-    pspans = [spans(k1 - k0, plan.piece_k) for k0, k1 in kspans]
-    avail: dict = {}
-    link = comp = d2h = 0.0
-
-    def need(key, nbytes):
-        nonlocal link
-        if key not in avail:
-            link += nbytes / rates.h2d
-            avail[key] = link
-        return avail[key]
-
-    def unit(t, kb, p):
-        nonlocal comp
-        kk0, kk1 = pspans[kb][p]
-        ready = max(need(("A", t.i, kb, p), t.rows * (kk1 - kk0) * hb),
-                    need(("B", t.j, kb, p), t.cols * (kk1 - kk0) * hb))
-        comp = max(comp, ready) + 2.0 * t.rows * t.cols * (kk1 - kk0) / rate
-
-    tiles = plan.tiles()
-    for p in range(plan.prologue):
-        for t in tiles:
-            unit(t, 0, p)
-    for t in tiles:
-        for kb in range(len(kspans)):
-            for p in range(plan.prologue if kb == 0 else 0, len(pspans[kb])):
-                unit(t, kb, p)
-        d2h = max(d2h, comp) + t.rows * t.cols * hb / rates.d2h
-    return max(comp, d2h)

@@ -26,12 +26,10 @@ from ..transfer import Lanes, host_wait
 from .cache import Block, BlockCache
 from .copies import Copier
 from .hostmat import HostMatrix
+from .mmacc import mm_acc
 from .plan import GemmPlan
 from .stats import DeviceStats
 from .tiles import Tile, spans
-
-_OUT_DTYPE_OK: dict[str, bool] = {}
-
 
 @dataclass
 class GemmJob:
@@ -57,37 +55,6 @@ class _Run:
     acc: torch.Tensor
     beta: float = 0.0
     started: bool = False
-
-
-def mm_acc(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor, alpha: float,
-           beta: float) -> None:
-    """acc = alpha * a @ b + beta * acc (acc not read when beta == 0).
-
-    bf16 operands into an fp32 accumulator: on GPUs torch's out_dtype GEMM (fp32
-    accumulation across calls) where it exists, else a bf16 GEMM and an fp32 add; on the
-    CPU the bf16 values multiplied in fp32 (exactly what bf16 x bf16 -> fp32 computes).
-    """
-    if a.dtype == acc.dtype:
-        acc.addmm_(a, b, beta=beta, alpha=alpha)
-        return
-    kind = acc.device.type
-    if kind == "cpu":
-        acc.addmm_(a.to(acc.dtype), b.to(acc.dtype), beta=beta, alpha=alpha)
-        return
-    if _OUT_DTYPE_OK.get(kind, True):
-        try:
-            torch.addmm(acc, a, b, beta=beta, alpha=alpha, out_dtype=acc.dtype, out=acc)
-            _OUT_DTYPE_OK[kind] = True
-            return
-        except (RuntimeError, TypeError, NotImplementedError):
-            _OUT_DTYPE_OK[kind] = False
-    prod = torch.mm(a, b)
-    if beta == 0:
-        torch.mul(prod, alpha, out=acc)
-    else:
-        if beta != 1:
-            acc.mul_(beta)
-        acc.add_(prod, alpha=alpha)
 
 
 class DeviceWorker:
@@ -210,13 +177,16 @@ class DeviceWorker:
         L, job, t = self.lanes, self.job, r.tile
         a = self._block("A", t.i, kb)
         b = self._block("B", t.j, kb)
-        segs: list[list] = []
-        for p in range(p0, p1):
-            fresh = self._ensure(a, p) | self._ensure(b, p)
-            if fresh or not segs or segs[-1][2]:
-                segs.append([p, p + 1, fresh])
-            else:
-                segs[-1][1] = p + 1
+        if a.loaded >= p1 and b.loaded >= p1:
+            segs = [[p0, p1, False]]     # all on the device already: one GEMM
+        else:
+            segs = []
+            for p in range(p0, p1):
+                fresh = self._ensure(a, p) | self._ensure(b, p)
+                if fresh or not segs or segs[-1][2]:
+                    segs.append([p, p + 1, fresh])
+                else:
+                    segs[-1][1] = p + 1
         a_op = a.view.t() if a.k_on_rows else a.view       # rows x k
         b_op = b.view if b.k_on_rows else b.view.t()       # k x cols
         for s0, s1, _ in segs:

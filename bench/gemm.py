@@ -1,0 +1,501 @@
+#!/usr/bin/env python3
+"""Benchmark outcore.matmul against cuBLASXt, in-core torch and the roofline bound.
+
+    cd <repo> && PYTHONPATH=src python3 bench/gemm.py        # 1 x H200: about 3 min
+                                                             # 2 x H200: about 2 min
+    PYTHONPATH=src python3 bench/gemm.py --smoke             # CPU, every code path, seconds
+
+One GPU  -> bench/results/gemm-h200.json: fp32-16384, fp32-32768, tf32-32768, bf16-32768
+            (square, fp32 host matrices, pinned; the prefix is the arithmetic) and training
+            shapes train-<layout>-t<tokens>-f<features>-<compute>: a Linear layer's three
+            products on tokens 16k..64k, in = out features 8k..16k (NT forward, NN dx, TN dW).
+Two GPUs -> bench/results/gemm-h200x2.json: fp32-32768-1gpu, -2gpu and -slowed (GPU 1 shares
+            its time with another process that runs bf16 matmuls nonstop; no GPU setting
+            is changed).
+Systems: outcore; cublasxt (cublasXtSgemm through ctypes, pinned, best blockDim of
+2048/4096/8192; fp32 only); torch-incore (the same product, operands already on the GPU);
+bound (max of FLOPs / in-core rate and the least bytes that must cross PCIe / measured
+bandwidth; for -slowed the sum of each GPU's outcore rate alone under the same slowing).
+Every row has `tflops`; a failed or skipped run is a row with `error`. The whole run stops
+starting new work after --budget-s seconds (training shapes are dropped largest first, and
+listed under "dropped").
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from outcore.gemm.cli import check_sampled
+from outcore.gemm.cublasxt import CublasXt
+from outcore.gemm.matmul import matmul
+from outcore.memory import pin_
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+BLOCK_DIMS = (2048, 4096, 8192)
+DTYPE = {"bf16": torch.bfloat16, "fp64": torch.float64}
+HOG = r"""
+import select, sys, torch
+dev = torch.device(sys.argv[1]); n = int(sys.argv[2]); torch.set_num_threads(1)
+a = torch.randn(n, n, device=dev, dtype=torch.bfloat16 if dev.type == "cuda" else torch.float32)
+b = torch.randn_like(a)
+for _ in range(3): a @ b
+print("ready", flush=True)
+while not select.select([sys.stdin], [], [], 0)[0]:
+    for _ in range(8): c = a @ b
+    if dev.type == "cuda": torch.cuda.synchronize(dev)
+"""
+
+
+@dataclass
+class Case:
+    name: str
+    m: int
+    n: int
+    k: int
+    compute: str
+    transa: bool = False
+    transb: bool = False
+    devices: tuple = (0,)
+    slowed: bool = False
+    train: bool = False
+
+    @property
+    def flops(self) -> float:
+        return 2.0 * self.m * self.n * self.k
+
+    @property
+    def layout(self) -> str:
+        return ("T" if self.transa else "N") + ("T" if self.transb else "N")
+
+    def row(self, system: str, **kw) -> dict:
+        return {"system": system, "case": self.name, "m": self.m, "n": self.n, "k": self.k,
+                "layout": self.layout, "compute": self.compute, "host_dtype": "float32", **kw}
+
+
+@dataclass
+class Env:
+    smoke: bool
+    runs: int
+    deadline: float
+    devices: list                     # torch.device per index used by the cases
+    bufs: list = field(default_factory=list)
+    bw: dict = field(default_factory=dict)
+    xt: dict = field(default_factory=dict)
+    incore: dict = field(default_factory=dict)
+
+    def left(self) -> float:
+        return self.deadline - time.perf_counter()
+
+    def sync(self) -> None:
+        for d in self.devices:
+            if d.type == "cuda":
+                torch.cuda.synchronize(d)   # host sync: timings end when the GPU is done
+
+    def views(self, c: Case):
+        """A, B, C of the case as views of the pinned flat buffers (no allocation)."""
+        sa = (c.k, c.m) if c.transa else (c.m, c.k)
+        sb = (c.n, c.k) if c.transb else (c.k, c.n)
+        return [b[:s[0] * s[1]].view(s) for b, s in zip(self.bufs, (sa, sb, (c.m, c.n)))]
+
+
+def square_cases(smoke: bool) -> list[Case]:
+    s, b = (256, 512) if smoke else (16384, 32768)
+    return [Case(f"fp32-{s}", s, s, s, "fp32"), Case(f"fp32-{b}", b, b, b, "fp32"),
+            Case(f"tf32-{b}", b, b, b, "tf32"), Case(f"bf16-{b}", b, b, b, "bf16")]
+
+
+def train_cases(smoke: bool) -> list[Case]:
+    tokens, feats = ((512, 1024), (256,)) if smoke else ((16384, 32768, 65536), (8192, 16384))
+    out = []
+    for compute in ("fp32", "bf16"):
+        for t in tokens:
+            for f in feats:
+                tag = f"t{t}-f{f}-{compute}"
+                out += [Case(f"train-NT-{tag}", t, f, f, compute, transb=True, train=True),
+                        Case(f"train-NN-{tag}", t, f, f, compute, train=True),
+                        Case(f"train-TN-{tag}", f, f, t, compute, transa=True, train=True)]
+    return out
+
+
+def multi_cases(smoke: bool) -> list[Case]:
+    s = 512 if smoke else 32768
+    return [Case(f"fp32-{s}-1gpu", s, s, s, "fp32", devices=(0,)),
+            Case(f"fp32-{s}-2gpu", s, s, s, "fp32", devices=(0, 1)),
+            Case(f"fp32-{s}-slowed", s, s, s, "fp32", devices=(0, 1), slowed=True)]
+
+
+# -- measurements ----------------------------------------------------------------------------
+def median_s(fn, runs: int, sync) -> list[float]:
+    out = []
+    for _ in range(runs):
+        sync()
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def measure_bandwidth(env: Env) -> dict:
+    """Pinned host<->device copy rates (GB/s): each direction, both at once, and h2d on
+    every GPU at once. On the CPU (smoke): a host memcpy."""
+    n = min(env.bufs[0].numel(), (1 << 28) if not env.smoke else 1 << 18)   # 1 GiB on a GPU
+    src = env.bufs[0][:n]
+    out = {}
+    if env.devices[0].type == "cpu":
+        dst = torch.empty(n)
+        t = min(median_s(lambda: dst.copy_(src), 3, env.sync))
+        rate = n * 4 / t / 1e9
+        return {"h2d": rate, "d2h": rate, "both": rate, "h2d_all": rate * len(env.devices)}
+    devs = sorted(set(env.devices), key=str)
+    dst = {d: torch.empty(n, device=d) for d in devs}
+    back = env.bufs[1][:n]
+    d0 = devs[0]
+    s1, s2 = torch.cuda.Stream(d0), torch.cuda.Stream(d0)
+
+    def both():
+        with torch.cuda.stream(s1):
+            dst[d0].copy_(src, non_blocking=True)
+        with torch.cuda.stream(s2):
+            back.copy_(dst[d0], non_blocking=True)
+
+    def all_h2d():
+        for d in devs:
+            with torch.cuda.device(d):
+                dst[d].copy_(src, non_blocking=True)
+
+    tests = {"h2d": lambda: dst[d0].copy_(src, non_blocking=True),
+             "d2h": lambda: back.copy_(dst[d0], non_blocking=True),
+             "both": both, "h2d_all": all_h2d}
+    for name, fn in tests.items():
+        fn()
+        t = min(median_s(fn, 5, env.sync))
+        moved = n * 4 * (2 if name == "both" else len(devs) if name == "h2d_all" else 1)
+        out[name] = moved / t / 1e9
+    return out
+
+
+def run_incore(env: Env, c: Case, dev: torch.device) -> dict:
+    """torch.mm with everything already on `dev`; remembers the rate for the bound."""
+    A, B, _ = env.views(c)
+    dt = DTYPE.get(c.compute, torch.float32)
+    a, b = A.to(dev, dt), B.to(dev, dt)
+    a, b = (a.t() if c.transa else a), (b.t() if c.transb else b)
+    out = torch.empty(c.m, c.n, device=dev, dtype=dt)
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high" if c.compute == "tf32" else "highest")
+    try:
+        times = median_s(lambda: torch.mm(a, b, out=out), 1, env.sync)
+        times = median_s(lambda: torch.mm(a, b, out=out), env.runs, env.sync)
+    finally:
+        torch.set_float32_matmul_precision(before)
+        del a, b, out
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+    t = statistics.median(times)
+    env.incore[(c.name, str(dev))] = c.flops / t
+    return c.row("torch-incore", tflops=c.flops / t / 1e12, wall_s=t, runs_s=times,
+                 device=str(dev))
+
+
+def run_outcore(env: Env, c: Case, devices, check: bool = True) -> dict:
+    A, B, C = env.views(c)
+    kw = dict(transa=c.transa, transb=c.transb, compute=c.compute, devices=list(devices))
+    stats = []
+
+    def once():
+        stats.append(matmul(A, B, C, return_stats=True, **kw)[1])
+
+    once()   # warm-up: device buffers, the 2-D copy probe, cuBLAS handles
+    times = median_s(once, env.runs, lambda: None)
+    t = statistics.median(times)
+    st = stats[-1]
+    row = c.row("outcore", tflops=c.flops / t / 1e12, wall_s=t, runs_s=times,
+                devices=[str(d) for d in devices], h2d_bytes=st.h2d_bytes,
+                d2h_bytes=st.d2h_bytes, plan=st.plan,
+                tiles_per_device={d.device: d.tiles for d in st.devices})
+    if check:
+        rng = np.random.default_rng(0)
+        idx = list(zip(rng.integers(0, c.m, 16), rng.integers(0, c.n, 16)))
+        err, ratio = check_sampled(A, B, C, [0.0] * 16, idx, c.transa, c.transb, 1.0, 0.0,
+                                   c.compute)
+        row.update(check_max_error=err, check_tolerance_ratio=ratio, check_ok=ratio <= 1.0)
+    return row
+
+
+def run_cublasxt(env: Env, c: Case, devices) -> dict:
+    if c.compute != "fp32":
+        return c.row("cublasxt", error="cuBLASXt has no tf32/bf16 GEMM (SGEMM/DGEMM only)")
+    if env.devices[0].type != "cuda":
+        return c.row("cublasxt", error="cuBLASXt needs CUDA (smoke run on the CPU)")
+    torch.cuda.empty_cache()   # cuBLASXt allocates outside torch: give back outcore's cache
+    A, B, C = env.views(c)
+    ids = tuple(d.index for d in devices)
+    per_dim = {}
+    for bd in BLOCK_DIMS:
+        if (ids, bd) not in env.xt:
+            env.xt[(ids, bd)] = xt = CublasXt(list(ids), block_dim=bd)
+            x = env.bufs[0][:4096 * 4096].view(4096, 4096)
+            xt.gemm(x, x, env.bufs[2][:4096 * 4096].view(4096, 4096))   # warm-up
+        xt = env.xt[(ids, bd)]
+        per_dim[bd] = median_s(lambda: xt.gemm(A, B, C, transa=c.transa, transb=c.transb), 1,
+                               lambda: None)
+    best = min(per_dim, key=lambda bd: per_dim[bd][0])
+    xt = env.xt[(ids, best)]
+    times = per_dim[best] + median_s(lambda: xt.gemm(A, B, C, transa=c.transa,
+                                                      transb=c.transb), 2, lambda: None)
+    t = statistics.median(times)
+    return c.row("cublasxt", tflops=c.flops / t / 1e12, wall_s=t, runs_s=times,
+                 block_dim=best, devices=[str(d) for d in devices],
+                 tflops_by_block_dim={bd: c.flops / v[0] / 1e12 for bd, v in per_dim.items()})
+
+
+def bound_row(env: Env, c: Case, devices) -> dict:
+    rates = [env.incore.get((c.name, str(d))) or env.incore.get(("ref", str(d)))
+             for d in devices]
+    if any(r is None for r in rates):
+        return c.row("bound", error="no in-core rate measured for this case")
+    bytes_in = (c.m * c.k + c.k * c.n) * 4
+    bytes_out = c.m * c.n * 4
+    bw = env.bw
+    h2d = bw["h2d_all"] if len(devices) > 1 else bw["h2d"]
+    t_link = max(bytes_in / (h2d * 1e9), bytes_out / (bw["d2h"] * len(devices) * 1e9),
+                 (bytes_in + bytes_out) / (bw["both"] * len(devices) * 1e9))
+    t_flop = c.flops / sum(rates)
+    t = max(t_link, t_flop)
+    return c.row("bound", tflops=c.flops / t / 1e12, wall_s=t,
+                 limit="compute" if t_flop >= t_link else "link",
+                 incore_tflops=sum(rates) / 1e12, min_bytes_in=bytes_in, min_bytes_out=bytes_out,
+                 link_s=t_link, compute_s=t_flop)
+
+
+class Hog:
+    """Another process running matmuls nonstop on one device (it takes part of its time)."""
+
+    def __init__(self, device: torch.device, smoke: bool):
+        self.cmd = [sys.executable, "-c", HOG, str(device), "256" if smoke else "8192"]
+
+    def __enter__(self):
+        self.proc = subprocess.Popen(self.cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     text=True)
+        if self.proc.stdout.readline().strip() != "ready":
+            raise RuntimeError("the co-running matmul process did not start")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.proc.stdin.write("stop\n")   # it polls stdin between batches of matmuls
+        self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()      # our own child, by its handle
+            self.proc.wait()
+
+
+# -- driver ----------------------------------------------------------------------------------
+def guarded(rows: list, make, c: Case, system: str, env: Env, est_s: float = 0.0) -> dict:
+    """Run make() -> row; a failure or an exhausted time budget becomes an error row."""
+    if env.left() < est_s:
+        row = c.row(system, error=f"skipped: {env.left():.0f} s left of the time budget, "
+                    f"needs about {est_s:.0f} s")
+    else:
+        try:
+            row = make()
+        except Exception as e:  # noqa: BLE001 - one failed run must not end the benchmark
+            row = c.row(system, error=f"{type(e).__name__}: {str(e).splitlines()[0][:300]}")
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+    rows.append(row)
+    return row
+
+
+def estimate_s(c: Case, env: Env) -> float:
+    """Rough cost of all systems on a case (used to drop cases that would not fit)."""
+    if env.smoke:
+        return 0.0
+    rate = {"fp32": 45e12, "tf32": 300e12, "bf16": 450e12}[c.compute]
+    link = (c.m * c.k + c.k * c.n + c.m * c.n) * 4 / 45e9
+    one = max(c.flops / rate, link) + 0.05
+    runs = (env.runs + 1) * 2 + (len(BLOCK_DIMS) + 2 if c.compute == "fp32" else 0)
+    return one * runs + 2.0
+
+
+def one_gpu(env: Env, rows: list, dropped: list, train: bool, bar) -> None:
+    dev = env.devices[0]
+    cases = square_cases(env.smoke)
+    tcases = train_cases(env.smoke) if train else []
+    fixed = sum(estimate_s(c, env) for c in cases)
+    room = env.left() - fixed - 20
+    for c in sorted(tcases, key=lambda c: -c.flops):   # drop the largest first
+        if sum(estimate_s(x, env) for x in tcases) <= room:
+            break
+        tcases.remove(c)
+        dropped.append({"case": c.name, "reason": "time budget (largest training shapes "
+                        "are dropped first)"})
+    bar.total += len(cases + tcases)
+    bar.refresh()
+    for c in cases + tcases:
+        est = estimate_s(c, env) / 4
+        guarded(rows, lambda: run_incore(env, c, dev), c, "torch-incore", env, est)
+        guarded(rows, lambda: bound_row(env, c, [dev]), c, "bound", env)
+        guarded(rows, lambda: run_outcore(env, c, [dev]), c, "outcore", env, est)
+        guarded(rows, lambda: run_cublasxt(env, c, [dev]), c, "cublasxt", env, est)
+        bar.update(1)
+
+
+def two_gpus(env: Env, rows: list, bar) -> None:
+    d0, d1 = env.devices[0], env.devices[1]
+    one, two, slowed = multi_cases(env.smoke)
+    bar.total += 3
+    bar.refresh()
+    # each GPU's in-core rate on this product (GPU 0's is a row; both feed the bounds)
+    guarded(rows, lambda: run_incore(env, one, d0), one, "torch-incore", env)
+    guarded([], lambda: run_incore(env, one, d1), one, "torch-incore", env)
+    for d in (d0, d1):
+        env.incore[("ref", str(d))] = env.incore.get((one.name, str(d)))
+    by_case = {}
+    for c, devs in ((one, [d0]), (two, [d0, d1])):
+        guarded(rows, lambda: bound_row(env, c, devs), c, "bound", env)
+        by_case[c.name] = guarded(rows, lambda: run_outcore(env, c, devs), c, "outcore", env)
+        guarded(rows, lambda: run_cublasxt(env, c, devs), c, "cublasxt", env)
+        bar.update(1)
+    r1, r2 = by_case[one.name], by_case[two.name]
+    if "tflops" in r1 and "tflops" in r2:
+        r2["speedup"] = r2["tflops"] / r1["tflops"]
+    c, alone, row = slowed, [], {}
+    try:
+        with Hog(d1, env.smoke):
+            alone = [guarded([], lambda: run_outcore(env, c, [d], check=False), c, "outcore",
+                             env) for d in (d0, d1)]
+            row = guarded(rows, lambda: run_outcore(env, c, [d0, d1]), c, "outcore", env)
+            guarded(rows, lambda: run_cublasxt(env, c, [d0, d1]), c, "cublasxt", env)
+    except Exception as e:  # noqa: BLE001 - the co-running process failed: record, go on
+        rows.append(c.row("outcore", error=f"co-running process: {e}"))
+    if len(alone) == 2 and all("tflops" in a for a in alone):
+        total = sum(a["tflops"] for a in alone)
+        rows.append(c.row("bound", tflops=total, gpu0_alone_tflops=alone[0]["tflops"],
+                          gpu1_alone_tflops=alone[1]["tflops"],
+                          limit="sum of each GPU's outcore rate alone under the same slowing"))
+        if "tflops" in row:
+            row["fraction_of_bound"] = row["tflops"] / total
+    else:
+        rows.append(c.row("bound", error="an alone run failed: " + "; ".join(
+            a.get("error", "") for a in alone)))
+    bar.update(1)
+
+
+def fill_(buf: torch.Tensor) -> None:
+    """Uniform [-1, 1) values: a random head copied along (fast for tens of GB)."""
+    head = min(buf.numel(), 1 << 24)
+    buf[:head].uniform_(-1, 1, generator=torch.Generator().manual_seed(buf.numel()))
+    done = head
+    while done < buf.numel():
+        step = min(done, buf.numel() - done)
+        buf[done:done + step].copy_(buf[:step])
+        done += step
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--smoke", action="store_true", help="tiny sizes on the CPU (seconds)")
+    ap.add_argument("--runs", type=int, default=3, help="timed runs per system (median)")
+    ap.add_argument("--budget-s", type=float, default=330.0,
+                    help="stop starting new work after this many seconds (default 330)")
+    ap.add_argument("--no-train", action="store_true", help="skip the training shapes")
+    ap.add_argument("--out", help="results file (default bench/results/gemm-<machine>.json; "
+                    "smoke: /tmp/outcore-bench/gemm-smoke.json)")
+    args = ap.parse_args()
+    t_start = time.perf_counter()
+    n_gpu = 0 if args.smoke else torch.cuda.device_count()
+    if n_gpu == 0 and not args.smoke:
+        print("bench/gemm.py: no CUDA GPU here; use --smoke for the CPU check", file=sys.stderr)
+        return 2
+    multi = n_gpu >= 2 or args.smoke
+    devices = [torch.device("cpu")] * 2 if args.smoke else [torch.device("cuda", i)
+                                                            for i in range(min(n_gpu, 2))]
+    env = Env(args.smoke, args.runs, t_start + args.budget_s, devices)
+    gpus = [torch.cuda.get_device_name(d) for d in devices] if n_gpu else ["cpu"]
+    slug = "h200" if "H200" in gpus[0] else gpus[0].lower().replace(" ", "-")
+    machine = "cpu-smoke" if args.smoke else f"nvidia-{slug}" + ("-x2" if n_gpu >= 2 else "")
+    out_path = args.out or (os.path.join("/tmp/outcore-bench", "gemm-smoke.json") if args.smoke
+                            else os.path.join(HERE, "results", f"gemm-{slug}"
+                                              f"{'x2' if n_gpu >= 2 else ''}.json"))
+    cases = (multi_cases(args.smoke) if n_gpu >= 2 else []) + (
+        [] if n_gpu >= 2 else square_cases(args.smoke) + train_cases(args.smoke))
+    if args.smoke:
+        cases = square_cases(True) + train_cases(True) + multi_cases(True)
+    numel = max(max(c.m * c.k, c.k * c.n, c.m * c.n) for c in cases)
+    t0 = time.perf_counter()
+    env.bufs = [torch.empty(numel) for _ in range(3)]
+    for b in env.bufs:
+        fill_(b)
+        pin_(b)   # page-locked once (cudaHostRegister; no-op without CUDA)
+    print(f"host matrices: 3 x {numel * 4 / 2**30:.1f} GiB pinned and filled in "
+          f"{time.perf_counter() - t0:.1f} s", flush=True)
+    env.bw = measure_bandwidth(env)
+    print("bandwidth GB/s: " + ", ".join(f"{k} {v:.1f}" for k, v in env.bw.items()), flush=True)
+    rows: list = []
+    dropped: list = []
+    with tqdm(total=0, unit="case", desc="gemm bench") as bar:
+        if not args.smoke and n_gpu >= 2:
+            two_gpus(env, rows, bar)
+        else:
+            if args.smoke:
+                env.devices = [devices[0]]
+            one_gpu(env, rows, dropped, not args.no_train, bar)
+            if args.smoke:
+                env.devices = devices
+                two_gpus(env, rows, bar)
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=HERE, capture_output=True,
+                                text=True).stdout.strip() or "unknown"
+    except OSError:
+        commit = "unknown"
+    result = {
+        "benchmark": "gemm", "command": "python3 " + " ".join(sys.argv), "commit": commit,
+        "machine": machine, "gpus": gpus, "torch": torch.__version__,
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "bandwidth_gbps": env.bw, "budget_s": args.budget_s,
+        "elapsed_s": time.perf_counter() - t_start, "dropped": dropped,
+        "notes": ["host matrices are float32 and pinned (cudaHostRegister) in every case; "
+                  "the case prefix / compute field names the arithmetic",
+                  "wall_s is the median of the timed runs after one warm-up; outcore and "
+                  "cublasxt times are end to end (host to host)"],
+        "runs": rows}
+    os.makedirs(os.path.dirname(out_path), exist_ok=True)
+    with open(out_path, "w") as f:
+        json.dump(result, f, indent=1, default=str)
+    print_table(rows)
+    print(f"wrote {out_path} ({len(rows)} rows, {result['elapsed_s']:.0f} s)")
+    return 0
+
+
+def print_table(rows: list) -> None:
+    by: dict = {}
+    for r in rows:
+        by.setdefault(r["case"], {})[r["system"]] = r
+    systems = ["outcore", "cublasxt", "torch-incore", "bound"]
+    print(f"\n{'case':34s}" + "".join(f"{s:>14s}" for s in systems) + f"{'out/bound':>11s}"
+          f"{'out/xt':>8s}   (TFLOP/s)")
+    for case, r in by.items():
+        vals = [r.get(s, {}).get("tflops") for s in systems]
+        cells = "".join(f"{v:14.2f}" if v is not None else f"{'-':>14s}" for v in vals)
+        ratio = lambda a, b: f"{a / b:.2f}" if a is not None and b else "-"
+        print(f"{case:34s}{cells}{ratio(vals[0], vals[3]):>11s}{ratio(vals[0], vals[1]):>8s}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
