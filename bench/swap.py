@@ -30,8 +30,8 @@ import subprocess
 import sys
 import time
 
-if "--smoke" not in sys.argv:  # same allocator settings for every system; set before CUDA
-    os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+if "--alloc-conf" in sys.argv[:-1]:  # allocator settings must be in place before CUDA starts
+    os.environ["PYTORCH_CUDA_ALLOC_CONF"] = sys.argv[sys.argv.index("--alloc-conf") + 1]
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
@@ -84,6 +84,7 @@ class Runner:
                                granule=4096 if args.smoke else 64 * 1024)
         self.swap = None
         self.host_peak = 0
+        self.last_ok: dict = {}
 
     def data(self, b: int):
         g = torch.Generator(device=self.device).manual_seed(b)
@@ -120,13 +121,15 @@ class Runner:
 
     def probe(self, system: str, b: int) -> str | None:
         """Train one step at batch b; None if it fits, else why not."""
-        why = None
+        why, rep = None, None
         # Pinned bytes this probe used at most (sizes the next probe's host estimate).
         self.store.peak_in_use_bytes = self.store.in_use_bytes
+        self.reset_peak()
         self.open(system)
         try:
             x, y = self.data(b)
             self.step(system, x, y)
+            rep = self.swap.report() if self.swap is not None else None
         except OutcoreError as e:
             why = f"host memory: {e}"
         except RuntimeError as e:
@@ -138,6 +141,13 @@ class Runner:
             self.close()
             self.cleanup()
         self.host_peak = self.store.peak_in_use_bytes
+        if why is None:
+            self.last_ok = {"peak_gpu_gb": self.peak_gb(), "peak_reserved_gb": self.reserved_gb()}
+            if rep is not None:
+                self.last_ok.update(gb_to_host=round(rep.bytes_to_host / GB, 2),
+                                    gb_kept=round(rep.kept_bytes / GB, 2),
+                                    host_peak_gb=round(self.host_peak / GB, 2),
+                                    copy_hidden_fraction=round(rep.hidden_fraction, 3))
         return why
 
     def cleanup(self) -> None:
@@ -148,6 +158,10 @@ class Runner:
 
     def peak_gb(self) -> float | None:
         return round(torch.cuda.max_memory_allocated() / GB, 2) if self.cuda else None
+
+    def reserved_gb(self) -> float | None:
+        """Peak bytes the allocator held: what the cap (memory fraction) limits."""
+        return round(torch.cuda.max_memory_reserved() / GB, 2) if self.cuda else None
 
     def reset_peak(self) -> None:
         if self.cuda:
@@ -176,6 +190,7 @@ def search(run: Runner, system: str, start: int, limit: int, deadline: float, re
            bar) -> dict:
     """Largest batch that trains one step: double from `start`, then bisect to `res`."""
     good, bad, why, probes, t0 = 0, None, None, 0, time.monotonic()
+    at_good: dict = {}
     per_image_host = None
     b = start
     while bad is None and b <= limit and time.monotonic() < deadline:
@@ -186,7 +201,7 @@ def search(run: Runner, system: str, start: int, limit: int, deadline: float, re
         why_b = run.probe(system, b)
         probes += 1
         if why_b is None:
-            good = b
+            good, at_good = b, run.last_ok
             per_image_host = run.host_peak / b or per_image_host
             b *= 2
         else:
@@ -199,10 +214,13 @@ def search(run: Runner, system: str, start: int, limit: int, deadline: float, re
         bar.set_postfix_str(f"{system} batch {mid}")
         why_m = run.probe(system, mid)
         probes += 1
-        good, bad, why = (mid, bad, why) if why_m is None else (good, mid, why_m)
+        if why_m is None:
+            good, at_good = mid, run.last_ok
+        else:
+            bad, why = mid, why_m
     capped = bad is None or bad - good > max(1, good // res)
     return {"max_batch": good, "first_failing_batch": bad, "failure": why, "probes": probes,
-            "search_s": round(time.monotonic() - t0, 1), "search_capped": capped}
+            "search_s": round(time.monotonic() - t0, 1), "search_capped": capped, **at_good}
 
 
 def measure(run: Runner, system: str, b: int, warmup: int, steps: int, deadline: float) -> dict:
@@ -222,7 +240,8 @@ def measure(run: Runner, system: str, b: int, warmup: int, steps: int, deadline:
                 break
         med = statistics.median(times)
         row = {"batch": b, "images_per_s": round(b / med, 1), "step_s": round(med, 4),
-               "steps": len(times), "peak_gpu_gb": run.peak_gb()}
+               "steps": len(times), "peak_gpu_gb": run.peak_gb(),
+               "peak_reserved_gb": run.reserved_gb()}
         if run.swap is not None:
             rep = run.swap.report()
             n = rep.forwards
@@ -360,6 +379,8 @@ def main() -> None:
     ap.add_argument("--min-swap", default="1MiB")
     ap.add_argument("--slab", default="1GiB", help="pinned host slab size")
     ap.add_argument("--no-wide", action="store_true", help="skip wide_resnet101_2")
+    ap.add_argument("--alloc-conf", default=None,
+                    help="PYTORCH_CUDA_ALLOC_CONF for every system (default: torch's)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     if args.smoke:
