@@ -132,14 +132,16 @@ class BucketedEdges:
         if shuffle:
             perm = np.random.default_rng(seed).permutation(len(src))
             src, dst = src[perm], dst[perm]
+        big = len(src) and max(int(src.max()), int(dst.max())) // P >= 2**31
+        idt = np.int64 if big else np.int32
+        if P == 1:       # one bucket: no keys, and no copy when the ids are int32 already
+            return cls(1, src.astype(idt, copy=False), dst.astype(idt, copy=False),
+                       np.array([0, len(src)], np.int64))
         pa, pb = src % P, dst % P
-        if not directed and P > 1:
+        if not directed:
             flip = pa > pb                       # canonical orientation part(src) <= part(dst)
             src, dst = np.where(flip, dst, src), np.where(flip, src, dst)
             pa, pb = np.minimum(pa, pb), np.maximum(pa, pb)
-        idt = np.int32 if (len(src) == 0 or max(src.max(), dst.max()) // P < 2**31) else np.int64
-        if P == 1:
-            return cls(1, src.astype(idt), dst.astype(idt), np.array([0, len(src)], np.int64))
         key = (pa * P + pb).astype(np.int16 if P * P < 2**15 else np.int32)
         order = np.argsort(key, kind="stable")   # radix sort for 16-bit keys: O(E)
         counts = np.bincount(key, minlength=P * P)

@@ -1,7 +1,7 @@
 """Partitions resident on one device: fixed slots, prefetch on the copy stream, write-back.
 
 `capacity` slots are allocated once, each big enough for the largest partition plus one
-scratch row (see optim.py), its optimizer state and its negative-sampling table. A slot
+scratch row (see optim.py) and its optimizer state. A slot
 is reused for another partition only after (a) the compute stream has finished with the
 old one and (b) the old one's write-back to the host has finished: the h2d copy waits on
 both events on the device, so the host never blocks for it.
@@ -24,7 +24,6 @@ from .table import EmbeddingTable
 class Slot:
     rows: torch.Tensor          # (max_n + 1) x W
     state: torch.Tensor         # (max_n + 1) x S
-    cdf: torch.Tensor | None    # max_n float64
     part: int = -1
     dirty: bool = False
     busy_until: object = None   # compute event after the last use
@@ -33,20 +32,23 @@ class Slot:
 
 
 class PartitionCache:
-    """p -> device copy of partition p (rows with scratch row, state, cdf)."""
+    """p -> device copy of partition p (rows with scratch row, state)."""
 
     def __init__(self, table: EmbeddingTable, device: torch.device, lanes: Lanes,
                  capacity: int, cdfs=None, pin: bool = True):
         if capacity < min(2, table.P):
             raise OutcoreError(f"the device holds {capacity} partition(s) but a bucket needs "
                                "2: raise --gpu-memory or --partitions")
-        self.table, self.device, self.lanes, self.cdfs = table, device, lanes, cdfs
+        self.table, self.device, self.lanes = table, device, lanes
         n = max(table.sizes)
-        self.slots = [Slot(torch.zeros(n + 1, table.width, device=device),
-                           torch.zeros(n + 1, table.state_cols, device=device),
-                           torch.zeros(n, dtype=torch.float64, device=device)
-                           if cdfs is not None else None)
+        # torch.empty launches no kernel, so nothing on the compute stream can race the
+        # first h2d copy into a slot (every row a view exposes is written by fetch)
+        self.slots = [Slot(torch.empty(n + 1, table.width, device=device),
+                           torch.empty(n + 1, table.state_cols, device=device))
                       for _ in range(min(capacity, table.P))]
+        # negative-sampling tables of every partition stay on the device: 8 bytes a node
+        # against the 4*(W+S) of its row, and no copy on the swap path
+        self.cdfs = None if cdfs is None else [c.to(device) for c in cdfs]
         self.where: OrderedDict[int, Slot] = OrderedDict()     # resident, LRU order
         self.pinned = False
         # Pin the host table only if partitions will cross more than once (swaps or several
@@ -70,7 +72,7 @@ class PartitionCache:
         # stream wait: the compute stream must not read the slot before its h2d copy lands
         self.lanes.wait(self.lanes.compute, s.loaded)
         n = self.table.sizes[p]
-        return s.rows[:n + 1], s.state[:n + 1], (s.cdf[:n] if s.cdf is not None else None)
+        return s.rows[:n + 1], s.state[:n + 1], (self.cdfs[p] if self.cdfs is not None else None)
 
     def touch(self, p: int) -> None:
         """Mark p modified and used by work enqueued so far on the compute stream."""
@@ -109,8 +111,6 @@ class PartitionCache:
                 slot.state[:n].zero_()
             slot.rows[n].zero_()
             slot.state[n].zero_()
-            if slot.cdf is not None:
-                slot.cdf[:n].copy_(self.cdfs[p], non_blocking=False)
         slot.loaded = L.event(L.h2d)
         slot.part, slot.dirty = p, False
         self.where[p] = slot

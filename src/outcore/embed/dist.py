@@ -37,6 +37,8 @@ def run_rank(rank: int, world: int, cfg: EmbedConfig, device: str, table_args: d
     dev = torch.device(device)
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
+    # share the cores: ranks whose thread pools overlap spin against each other
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     table = EmbeddingTable(**table_args, create=False)
     P = table.P
     deg = (np.bincount(src, minlength=num_nodes) + np.bincount(dst, minlength=num_nodes))

@@ -15,11 +15,14 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import OutcoreError
+from .table import EmbeddingTable
 
 
 def _rows(emb, ids: np.ndarray, device) -> torch.Tensor:
-    if hasattr(emb, "gather"):                      # an EmbeddingTable
+    if isinstance(emb, EmbeddingTable):
         t = emb.gather(ids)
+    elif isinstance(emb, torch.Tensor):
+        t = emb[torch.from_numpy(np.asarray(ids, dtype=np.int64))].float()
     else:
         t = torch.from_numpy(np.asarray(emb[np.asarray(ids)], dtype=np.float32))
     return t.to(device)

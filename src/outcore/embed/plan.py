@@ -17,7 +17,7 @@ from .step import num_chunks
 class Plan:
     partitions: int
     capacity: int              # partitions resident on one device at once
-    partition_bytes: int       # device bytes of one slot (rows + state + cdf)
+    partition_bytes: int       # device bytes of one slot (rows + state)
     workspace_bytes: int
     table_bytes: int           # host table (rows + state)
 
@@ -60,8 +60,9 @@ def make_plan(cfg: EmbedConfig, num_nodes: int, workers: int, budget: int,
     """Fewest partitions such that a worker can hold a bucket plus a prefetch."""
     W = cfg.dim * cfg.sides
     S = state_cols(cfg)
-    row = (W + S) * 4 + (8 if cfg.neg_power else 0)
-    ws = workspace_bytes(cfg, max_bucket_hint)
+    row = (W + S) * 4
+    # the negative-sampling tables of all partitions stay resident: 8 bytes a node
+    ws = workspace_bytes(cfg, max_bucket_hint) + (num_nodes * 8 if cfg.neg_power else 0)
     avail = budget - ws
     table_bytes = num_nodes * (W + S) * 4
 

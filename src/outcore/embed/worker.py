@@ -44,6 +44,9 @@ class Worker:
         self.gen = torch.Generator(device=device).manual_seed(cfg.seed * 7919 + rank)
         self.keep = world == 1          # alone: released partitions may stay resident
         self.bufs: list[_EdgeBuf] = []
+        # edges get their own copy stream: on the h2d stream a chunk would queue behind the
+        # next unit's partition prefetch and the compute stream would wait for both
+        self.edge_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self.record = None              # test hook: f(a, b, u, v, nu, nv), local row ids
         self.edges_done = 0
         self.wait_s = 0.0
@@ -155,12 +158,12 @@ class Worker:
     def _load(self, k: int, edges: BucketedEdges, s: int, e: int) -> None:
         L, buf = self.lanes, self._buf(k, e - s)
         # buffer reuse: overwrite only after the batches that read the old chunk are done
-        L.wait(L.h2d, buf.busy)
-        with L.on(L.h2d):
+        L.wait(self.edge_stream, buf.busy)
+        with L.on(self.edge_stream):
             nb = L.cuda
             buf.src[:e - s].copy_(torch.from_numpy(edges.src[s:e]), non_blocking=nb)
             buf.dst[:e - s].copy_(torch.from_numpy(edges.dst[s:e]), non_blocking=nb)
-        buf.loaded = L.event(L.h2d)
+        buf.loaded = L.event(self.edge_stream)
 
     def _bucket(self, a: int, b: int, edges: BucketedEdges, bar) -> torch.Tensor:
         lo, hi = edges.range(a, b)

@@ -1,0 +1,524 @@
+#!/usr/bin/env python3
+"""Benchmark of outcore.embed against PyTorch-BigGraph (PBG) on generated graphs.
+
+    cd <repo> && PYTHONPATH=src python3 bench/embed.py            # about 8 min on 1 H200
+    cd <repo> && PYTHONPATH=src python3 bench/embed.py            # about 5 min on 2 H200s
+    PYTHONPATH=src python3 bench/embed.py --smoke                 # every path on the CPU, ~1 min
+
+Writes bench/results/embed-h200.json (one GPU) or embed-h200x2.json (two GPUs; the GPU
+count is detected). Cases, all on graphs from outcore.embed.generate (power-law degrees,
+planted communities):
+  read-tsv         edges/s reading a TSV edge list: outcore's reader on the whole quality
+                   graph; PBG's importer (torchbiggraph_import_from_tsv's code) on a sample
+  quality          same graph (>= 1M nodes, >= 20M training edges), d=128, same negatives
+                   (50 batch + 50 uniform per chunk of 50), same epochs, softmax loss, dot
+                   score: pbg (CPU, all cores) and outcore (one GPU). Both embeddings are
+                   scored by the same evaluator (PBG's protocol: 1000 batch + 1000 uniform
+                   negatives, both sides): mrr, hits10, node-classification micro-F1; wall_s
+                   is training time (PBG's import is reported apart, as import_s_est)
+  throughput-1gpu  positive edges/s at d=128, table resident (median of epochs 2..n)
+  throughput-2gpu  the same with one process per GPU (two-GPU machine), speedup vs 1 GPU
+  fits-table       edges/s when the table fits the --gpu-memory budget
+  oversized-table  edges/s when the table is 4x that budget (partitions streamed)
+  biggest          the largest graph this machine holds (1e8 nodes, 2e9 edges by default;
+                   shrunk to the free host memory), time of one epoch
+PBG needs the wheels in .whl/ (torchbiggraph 1.0.0, setuptools<81): installed at start into
+/tmp/site when `import torchbiggraph` fails. PBG and `biggest` run in child processes with
+time limits, so a hang or an out-of-memory kill becomes an error row. The results file is
+rewritten after every case. The total is bounded by --budget-s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import glob
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+sys.path.insert(0, os.path.join(REPO, "src"))
+
+from outcore.embed import (EmbedConfig, EmbeddingTrainer, GraphSpec,  # noqa: E402
+                           evaluate_link_prediction, node_classification, read_edges)
+from outcore.embed.generate import PlantedGraph, write_graph  # noqa: E402
+from outcore.embed.plan import make_plan, workspace_bytes  # noqa: E402
+from outcore.embed.textio import parse_numeric_chunk  # noqa: E402
+
+SITE = "/tmp/site"
+
+
+# ---- sizes ----------------------------------------------------------------------------
+def sizes(smoke: bool, gpus: int) -> dict:
+    if smoke:
+        return dict(q_nodes=2000, q_edges=30000, q_test=1000, q_epochs=1, tp_nodes=4000,
+                    tp_edges=120000, tp_epochs=3, big_nodes=20000, big_edges=300000,
+                    import_sample=2000, batch=8192, q_batch=4096, pbg_workers=2,
+                    eval_negs=200)
+    return dict(q_nodes=1_000_000, q_edges=20_100_000, q_test=100_000, q_epochs=2,
+                tp_nodes=4_000_000, tp_edges=200_000_000 * (2 if gpus > 1 else 1),
+                tp_epochs=4, big_nodes=100_000_000, big_edges=2_000_000_000,
+                import_sample=100_000, batch=262144, q_batch=65536,
+                pbg_workers=os.cpu_count() or 16, eval_negs=1000)
+
+
+# ---- PyTorch-BigGraph -----------------------------------------------------------------
+def ensure_pbg() -> str:
+    """Import torchbiggraph, installing the carried wheels into /tmp/site if needed."""
+    try:
+        import torchbiggraph  # noqa: F401
+    except ImportError:
+        wheels = glob.glob(os.path.join(REPO, ".whl", "*.whl"))
+        if not wheels:
+            raise RuntimeError("torchbiggraph is not installed and .whl/ has no wheels")
+        if not os.path.isdir(os.path.join(SITE, "torchbiggraph")):
+            subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index",
+                            "--no-deps", "--no-compile", "--target", SITE, *wheels],
+                           check=True)
+        sys.path.insert(0, SITE)
+        import importlib
+        importlib.invalidate_caches()
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import torchbiggraph
+    return torchbiggraph.__version__
+
+
+def pbg_child(spec: dict) -> dict:
+    """Runs in a child process: PBG import timing or training; returns its figures."""
+    ensure_pbg()
+    import logging
+    import warnings
+    warnings.simplefilter("ignore")
+    logging.disable(logging.INFO)
+    from torchbiggraph.config import parse_config
+    from torchbiggraph.edgelist import EdgeList
+    from torchbiggraph.entitylist import EntityList
+    from torchbiggraph.graph_storages import EDGE_STORAGES, ENTITY_STORAGES
+    from torchbiggraph.util import SubprocessInitializer
+    work = spec["work"]
+    base = dict(entities={"node": {"num_partitions": 1}},
+                relations=[{"name": "e", "lhs": "node", "rhs": "node", "operator": "none"}],
+                entity_path=os.path.join(work, "ent"), checkpoint_path=os.path.join(work, "ckpt"),
+                edge_paths=[os.path.join(work, "edges")], dimension=spec.get("dim", 128),
+                global_emb=False, comparator="dot", loss_fn="softmax",
+                num_epochs=spec.get("epochs", 1), lr=spec.get("lr", 0.1),
+                batch_size=spec.get("batch", 1000), num_batch_negs=spec.get("chunk", 50),
+                num_uniform_negs=spec.get("negs", 50), workers=spec.get("workers", 2),
+                eval_fraction=0.0, verbose=0)
+    if spec["kind"] == "import":
+        from torchbiggraph.converters.import_from_tsv import convert_input_data
+        from pathlib import Path
+        cfg = parse_config(dict(base, edge_paths=[os.path.join(work, "imp")]))
+        t = time.perf_counter()
+        convert_input_data(cfg.entities, cfg.relations, cfg.entity_path, cfg.edge_paths,
+                           [Path(spec["tsv"])], lhs_col=0, rhs_col=1)
+        return {"import_s": time.perf_counter() - t}
+    # training: write PBG's own HDF5 input directly (its TSV importer would take most of
+    # the budget; it is timed on a sample instead)
+    from torchbiggraph.checkpoint_manager import CheckpointManager
+    from torchbiggraph.train import train
+    e = np.load(spec["edges"])
+    n = spec["nodes"]
+    ent = ENTITY_STORAGES.make_instance(base["entity_path"])
+    ent.prepare()
+    ent.save_count("node", 0, n)
+    es = EDGE_STORAGES.make_instance(base["edge_paths"][0])
+    es.prepare()
+    es.save_edges(0, 0, EdgeList(EntityList.from_tensor(torch.from_numpy(e[:, 0].astype(np.int64))),
+                                 EntityList.from_tensor(torch.from_numpy(e[:, 1].astype(np.int64))),
+                                 torch.zeros(len(e), dtype=torch.long)))
+    del e
+    cfg = parse_config(base)
+    t = time.perf_counter()
+    train(cfg, subprocess_init=SubprocessInitializer())
+    wall = time.perf_counter() - t
+    emb, _ = CheckpointManager(base["checkpoint_path"]).read("node", 0)
+    np.save(spec["out"], emb.numpy())
+    return {"wall_s": wall}
+
+
+def run_child(kind: str, spec: dict, timeout: float) -> dict:
+    """Run this script as a child (`--_child kind`), return its JSON; raise on failure."""
+    spec_path = os.path.join(spec["work"], f"{kind}-spec.json")
+    with open(spec_path, "w") as f:
+        json.dump(spec, f)
+    cmd = [sys.executable, os.path.abspath(__file__), "--_child", kind, spec_path]
+    env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "src") + os.pathsep
+               + os.environ.get("PYTHONPATH", ""))
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=max(timeout, 5), env=env)
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f"{kind} did not finish within {timeout:.0f} s (time budget)")
+    if p.returncode != 0:
+        tail = (p.stderr or p.stdout).strip().splitlines()[-3:]
+        raise RuntimeError(f"{kind} failed (exit {p.returncode}): {' | '.join(tail)}"[:400])
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+# ---- outcore measurements -------------------------------------------------------------
+def sync():
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def peak_gb() -> float | None:
+    return torch.cuda.max_memory_allocated() / 1e9 if torch.cuda.is_available() else None
+
+
+def train_measure(src, dst, n, devices, epochs, **kw) -> tuple[dict, EmbeddingTrainer]:
+    """Train; edges/s from the median epoch after the first (the first pays setup)."""
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    cfg = EmbedConfig(dim=128, epochs=epochs, devices=devices, progress=False, **kw)
+    tr = EmbeddingTrainer(cfg)
+    t = time.perf_counter()
+    tr.fit((src, dst), num_nodes=n)
+    sync()
+    wall = time.perf_counter() - t
+    ep = tr.summary["epoch_s"]
+    timed = ep[1:] if len(ep) > 1 else ep
+    row = {"edges_per_s": len(src) / statistics.median(timed), "epoch_s": [round(x, 4) for x in ep],
+           "wall_s": wall, "partitions": tr.plan.partitions, "resident_partitions": tr.plan.capacity,
+           "batch_size": tr.cfg.batch_size, "dim": 128, "nodes": n, "edges": len(src),
+           "peak_gpu_gb": peak_gb()}
+    if hasattr(tr, "summary_io"):
+        row.update({"h2d_gb": tr.summary_io["bytes_in"] / 1e9, "d2h_gb": tr.summary_io["bytes_out"] / 1e9})
+    return row, tr
+
+
+def gen_edges(n, m, device, communities, seed=0, mixing=0.1):
+    """Generated graph in memory: (src, dst) int32, labels."""
+    pg = PlantedGraph(GraphSpec(n, m, communities=communities, mixing=mixing, seed=seed), device)
+    src, dst = np.empty(m, np.int32), np.empty(m, np.int32)
+    done = 0
+    for u, v in pg.chunks(1 << 26):
+        src[done:done + len(u)], dst[done:done + len(u)] = u, v
+        done += len(u)
+    labels = pg.labels
+    del pg
+    return src, dst, labels
+
+
+def biggest_child(spec: dict) -> dict:
+    dev = spec["device"]
+    t = time.perf_counter()
+    src, dst, _ = gen_edges(spec["nodes"], spec["edges"], dev, 1000, seed=7)
+    gen_s = time.perf_counter() - t
+    row, tr = train_measure(src, dst, spec["nodes"], [dev], 1, batch_size=spec["batch"],
+                            shuffle=False)
+    tr.close()
+    row.update({"generate_s": gen_s, "epoch_s_one": row["epoch_s"][0],
+                "table_gb": tr.plan.table_bytes / 1e9})
+    return row
+
+
+def free_host_bytes() -> int:
+    try:
+        with open("/proc/meminfo") as f:
+            info = {l.split(":")[0]: int(l.split()[1]) * 1024 for l in f}
+        return info.get("MemAvailable", info.get("MemFree", 0))
+    except OSError:
+        return 8 << 30
+
+
+# ---- the run --------------------------------------------------------------------------
+class Results:
+    def __init__(self, path, machine, command):
+        self.path = path
+        gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+        commit = subprocess.run(["git", "-C", REPO, "rev-parse", "HEAD"], capture_output=True,
+                                text=True).stdout.strip()
+        self.doc = {"benchmark": "embed", "command": command, "commit": commit,
+                    "machine": machine, "gpus": gpus, "torch": torch.__version__,
+                    "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                    "cpu_cores": os.cpu_count(), "runs": [], "notes": []}
+
+    def add(self, row: dict) -> dict:
+        self.doc["runs"].append({k: (round(v, 6) if isinstance(v, float) else v)
+                                 for k, v in row.items()})
+        self.save()
+        tag = row.get("error") or {k: row[k] for k in ("edges_per_s", "mrr", "hits10", "wall_s",
+                                                       "speedup") if k in row}
+        print(f"[{row['system']:8s} {row['case']:16s}] {tag}", flush=True)
+        return row
+
+    def note(self, text: str) -> None:
+        self.doc["notes"].append(text)
+        self.save()
+
+    def save(self) -> None:
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        with open(self.path, "w") as f:
+            json.dump(self.doc, f, indent=2)
+
+    def table(self) -> str:
+        lines = [f"{'system':9s} {'case':17s} {'edges/s':>11s} {'mrr':>7s} {'hits10':>7s} "
+                 f"{'wall_s':>8s}  other"]
+        for r in self.doc["runs"]:
+            f = lambda k, fmt: (fmt.format(r[k]) if isinstance(r.get(k), (int, float)) else "-")
+            other = r.get("error", "")[:60] or ", ".join(
+                f"{k}={r[k]:.3g}" if isinstance(r[k], float) else f"{k}={r[k]}"
+                for k in ("speedup", "ratio_to_fits", "micro_f1", "table_over_budget", "epoch_s_one")
+                if k in r)
+            lines.append(f"{r['system']:9s} {r['case']:17s} {f('edges_per_s', '{:11.3e}')} "
+                         f"{f('mrr', '{:7.4f}')} {f('hits10', '{:7.4f}')} {f('wall_s', '{:8.2f}')}  {other}")
+        return "\n".join(lines)
+
+
+def case(res: Results, system: str, name: str, fn, deadline: float, need_s: float):
+    """Run one case; failures (OOM included) and lack of time become error rows."""
+    if time.time() + need_s > deadline:
+        return res.add({"system": system, "case": name,
+                        "error": f"skipped: less than {need_s:.0f} s of the time budget left"})
+    try:
+        row = fn()
+        return res.add({"system": system, "case": name, **row})
+    except Exception as e:      # noqa: BLE001 - every failure is a row, not a crash
+        msg = f"{type(e).__name__}: {e}".replace("\n", " ")[:400]
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        return res.add({"system": system, "case": name, "error": msg})
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 epilog="Duration: about 8 min on one H200, 5 min on two; "
+                                 "--smoke about 1 min on a CPU.")
+    ap.add_argument("--smoke", action="store_true", help="tiny sizes on the CPU, every path")
+    ap.add_argument("--gpus", type=int, help="GPUs to use (default: all visible, at most 2)")
+    ap.add_argument("--budget-s", type=float, help="total time bound (default 470 s on one "
+                    "GPU, 290 s on two, 300 s smoke)")
+    ap.add_argument("--out", help="results file (default bench/results/embed-<machine>.json)")
+    ap.add_argument("--skip-pbg", action="store_true")
+    ap.add_argument("--_child", nargs=2, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args._child:
+        kind, spec_path = args._child
+        with open(spec_path) as f:
+            spec = json.load(f)
+        out = pbg_child(spec) if kind.startswith("pbg") else biggest_child(spec)
+        print(json.dumps(out))
+        return 0
+
+    t_start = time.time()
+    cuda = torch.cuda.is_available() and not args.smoke
+    gpus = 0 if not cuda else (args.gpus or min(2, torch.cuda.device_count()))
+    budget = args.budget_s or (300 if args.smoke else (470 if gpus <= 1 else 290))
+    deadline = t_start + budget
+    machine = "cpu-smoke" if not cuda else ("nvidia-h200" if gpus == 1 else f"nvidia-h200-x{gpus}")
+    short = "cpu-smoke" if not cuda else ("h200" if gpus == 1 else f"h200x{gpus}")
+    out = args.out or (os.path.join(tempfile.gettempdir(), "embed-cpu-smoke.json") if not cuda
+                       else os.path.join(HERE, "results", f"embed-{short}.json"))
+    res = Results(out, machine, "python3 bench/embed.py " + " ".join(sys.argv[1:]))
+    S = sizes(not cuda, gpus)
+    dev = "cuda:0" if cuda else "cpu"
+    devs1 = [dev]
+    work = tempfile.mkdtemp(prefix="embed-bench-")
+    if cuda:   # warm up: CUDA context, cuBLAS, the allocator (not a case)
+        a = torch.randn(4096, 4096, device=dev)
+        (a @ a).sum().item()
+        del a
+    print(f"embed bench on {machine}: budget {budget:.0f} s, results -> {out}", flush=True)
+    try:
+        pbg_version = None if args.skip_pbg else ensure_pbg()
+    except Exception as e:     # noqa: BLE001
+        pbg_version = None
+        res.note(f"PBG unavailable: {type(e).__name__}: {e}"[:300])
+    if pbg_version:
+        res.note(f"torchbiggraph {pbg_version} on {os.cpu_count()} CPU cores")
+
+    two_gpu_run = gpus > 1
+    # ---- quality graph, TSV reading, quality (one-GPU machine and smoke) -------------
+    if not two_gpu_run:
+        run_quality(res, S, dev, work, deadline, pbg_version)
+    # ---- throughput -------------------------------------------------------------------
+    run_throughput(res, S, devs1, gpus, cuda, deadline)
+    # ---- biggest ----------------------------------------------------------------------
+    if not two_gpu_run:
+        run_biggest(res, S, dev, work, deadline, cuda)
+    else:
+        res.note("two-GPU run: quality, table-size and biggest cases run on the one-GPU machine")
+    shutil.rmtree(work, ignore_errors=True)
+    res.doc["total_s"] = round(time.time() - t_start, 1)
+    res.save()
+    print(res.table())
+    print(f"total {time.time() - t_start:.0f} s; wrote {out}")
+    return 0
+
+
+def run_quality(res, S, dev, work, deadline, pbg_version):
+    n, m = S["q_nodes"], S["q_edges"]
+    tsv = os.path.join(work, "quality.tsv")
+    t = time.perf_counter()
+    spec = GraphSpec(n, m, communities=max(4, n // 1000), mixing=0.1, seed=1)
+    write_graph(spec, tsv, os.path.join(work, "labels.tsv"), device=dev)
+    with open(os.path.join(work, "labels.tsv"), "rb") as f:
+        labels = parse_numeric_chunk(f.read(), 2, 1, "labels.tsv", False)[0][:, 1]
+    res.note(f"quality graph: {n} nodes, {m} edges, {spec.communities} communities, generated "
+             f"and written as TSV in {time.perf_counter() - t:.1f} s")
+    box = {}
+
+    def read_case():
+        t = time.perf_counter()
+        el = read_edges(tsv)
+        dt = time.perf_counter() - t
+        box["el"] = el
+        return {"edges_per_s": len(el) / dt, "wall_s": dt, "edges": len(el),
+                "bytes": os.path.getsize(tsv)}
+    case(res, "outcore", "read-tsv", read_case, deadline, 10)
+    if "el" not in box:
+        return
+    el = box.pop("el")
+    rng = np.random.default_rng(0)
+    test = np.zeros(len(el), bool)
+    test[rng.choice(len(el), S["q_test"], replace=False)] = True
+    tr_s, tr_d = el.src[~test], el.dst[~test]
+    te_s, te_d = el.src[test], el.dst[test]
+    read_rate = res.doc["runs"][-1].get("edges_per_s")
+    common = dict(lr=0.1, loss="softmax", score="dot", chunk_size=50, num_negatives=50,
+                  neg_power=0.0, batch_negatives=True)
+    ev = dict(batch_negs=S["eval_negs"], uniform_negs=S["eval_negs"], device=dev, seed=3)
+
+    def quality_outcore():
+        row, tr = train_measure(tr_s, tr_d, n, [dev], S["q_epochs"], batch_size=S["q_batch"],
+                                **common)
+        m_ = evaluate_link_prediction(tr.table, te_s, te_d, **ev)
+        nc = node_classification(tr.embeddings(), labels, device=dev)
+        return {"mrr": m_["mrr"], "hits10": m_["hits10"], "micro_f1": nc["micro_f1"],
+                "macro_f1": nc["macro_f1"], "wall_s": row["wall_s"],
+                "wall_with_read_s": row["wall_s"] + len(el) / read_rate,
+                "train_edges": len(tr_s), "test_edges": len(te_s), "epochs": S["q_epochs"],
+                "dim": 128, "negatives": "50 batch + 50 uniform per chunk of 50",
+                "batch_size": row["batch_size"], "edges_per_s": row["edges_per_s"],
+                "peak_gpu_gb": row["peak_gpu_gb"]}
+    q = case(res, "outcore", "quality", quality_outcore, deadline, 20)
+    if not pbg_version:
+        res.add({"system": "pbg", "case": "quality", "error": "torchbiggraph unavailable"})
+        return
+    # PBG's TSV importer on a sample
+    sample = os.path.join(work, "sample.tsv")
+    with open(tsv, "rb") as f, open(sample, "wb") as g:
+        for _ in range(S["import_sample"]):
+            g.write(f.readline())
+
+    def pbg_import():
+        r = run_child("pbg-import", {"kind": "import", "work": os.path.join(work, "pbgimp"),
+                                      "tsv": sample}, min(120, deadline - time.time() - 60))
+        box["import_rate"] = S["import_sample"] / r["import_s"]
+        return {"edges_per_s": box["import_rate"], "wall_s": r["import_s"],
+                "edges": S["import_sample"], "note": "importer timed on a sample of the file"}
+    os.makedirs(os.path.join(work, "pbgimp"), exist_ok=True)
+    case(res, "pbg", "read-tsv", pbg_import, deadline, 60)
+
+    def pbg_quality():
+        wd = os.path.join(work, "pbg")
+        os.makedirs(wd, exist_ok=True)
+        ep = os.path.join(wd, "train.npy")
+        np.save(ep, np.stack([tr_s, tr_d], 1))
+        outp = os.path.join(wd, "emb.npy")
+        left = deadline - time.time() - 150          # keep time for the biggest case
+        r = run_child("pbg-train", {"kind": "train", "work": wd, "edges": ep, "nodes": n,
+                                     "out": outp, "epochs": S["q_epochs"], "dim": 128,
+                                     "chunk": 50, "negs": 50, "batch": 1000, "lr": 0.1,
+                                     "workers": S["pbg_workers"]}, left)
+        emb = np.load(outp)
+        m_ = evaluate_link_prediction(emb, te_s, te_d, **ev)
+        nc = node_classification(emb, labels, device=dev)
+        row = {"mrr": m_["mrr"], "hits10": m_["hits10"], "micro_f1": nc["micro_f1"],
+               "macro_f1": nc["macro_f1"], "wall_s": r["wall_s"],
+               "edges_per_s": len(tr_s) * S["q_epochs"] / r["wall_s"],
+               "train_edges": len(tr_s), "test_edges": len(te_s), "epochs": S["q_epochs"],
+               "dim": 128, "workers": S["pbg_workers"]}
+        if "import_rate" in box:
+            row["import_s_est"] = len(el) / box["import_rate"]
+        return row
+    p = case(res, "pbg", "quality", pbg_quality, deadline, 60)
+    if "error" not in p and "error" not in q:
+        res.add({"system": "outcore", "case": "quality-vs-pbg",
+                 "mrr_minus_pbg": q["mrr"] - p["mrr"], "speedup": p["wall_s"] / q["wall_s"],
+                 "speedup_with_read_vs_train_only": p["wall_s"] / q["wall_with_read_s"]})
+
+
+def run_throughput(res, S, devs1, gpus, cuda, deadline):
+    n, m = S["tp_nodes"], S["tp_edges"]
+    t = time.perf_counter()
+    src, dst, _ = gen_edges(n, m, devs1[0], communities=max(4, n // 1000), seed=2)
+    res.note(f"throughput graph: {n} nodes, {m} edges, generated in {time.perf_counter() - t:.1f} s")
+    kw = dict(batch_size=S["batch"], shuffle=False)      # generated edges are in random order
+    box = {}
+
+    def one():
+        row, tr = train_measure(src, dst, n, devs1, S["tp_epochs"], **kw)
+        box["one"] = row["edges_per_s"]
+        box["table"] = tr.plan.table_bytes
+        return row
+    case(res, "outcore", "throughput-1gpu", one, deadline, 30)
+    if gpus > 1 or not cuda:
+        devs = [f"cuda:{i}" for i in range(gpus)] if cuda else ["cpu", "cpu"]
+
+        def two():
+            row, tr = train_measure(src, dst, n, devs, S["tp_epochs"], **kw)
+            tr.close()
+            row["devices"] = len(devs)
+            row["rank_wait_s"] = [round(r["wait_s"], 3) for r in tr.rank_stats]
+            if "one" in box:
+                row["speedup"] = row["edges_per_s"] / box["one"]
+            return row
+        case(res, "outcore", f"throughput-{len(devs)}gpu", two, deadline, 60)
+    if gpus > 1:
+        return
+    probe = EmbedConfig(dim=128, batch_size=S["batch"])
+    ws = workspace_bytes(probe, m)
+    table = box.get("table") or make_plan(probe, n, 1, 1 << 60, m).table_bytes
+
+    def fits():
+        row, _ = train_measure(src, dst, n, devs1, S["tp_epochs"], gpu_memory=ws + 2 * table,
+                               **kw)
+        box["fits"] = row["edges_per_s"]
+        return dict(row, gpu_memory_gb=(ws + 2 * table) / 1e9, table_gb=table / 1e9)
+    case(res, "outcore", "fits-table", fits, deadline, 30)
+
+    def oversized():
+        budget = ws + table // 4
+        row, tr = train_measure(src, dst, n, devs1, S["tp_epochs"], gpu_memory=budget, **kw)
+        row.update(gpu_memory_gb=budget / 1e9, table_gb=table / 1e9,
+                   table_over_budget=table / (budget - ws))
+        if "fits" in box:
+            row["ratio_to_fits"] = row["edges_per_s"] / box["fits"]
+        return row
+    case(res, "outcore", "oversized-table", oversized, deadline, 40)
+
+
+def run_biggest(res, S, dev, work, deadline, cuda):
+    n, m = S["big_nodes"], S["big_edges"]
+    need = m * 8 + n * 129 * 4 + n * 40          # edges, table (+state), degrees/cdf
+    free = free_host_bytes()
+    while need > 0.7 * free and m > 1_000_000:
+        n, m = n // 2, m // 2
+        need = m * 8 + n * 129 * 4 + n * 40
+    if (n, m) != (S["big_nodes"], S["big_edges"]):
+        res.note(f"biggest: shrunk to {n} nodes, {m} edges for {free / 2**30:.0f} GiB free host memory")
+
+    def big():
+        left = deadline - time.time() - 5
+        r = run_child("biggest", {"work": work, "device": dev, "nodes": n, "edges": m,
+                                   "batch": S["batch"]}, left)
+        return dict(r, note="one epoch; epoch_s_one includes setup of that epoch")
+    case(res, "outcore", "biggest", big, deadline, 60 if cuda else 5)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
