@@ -1,0 +1,287 @@
+"""Streaming trainer vs in-memory PyTorch vs FSDP2 CPU offload, on one GPU.
+
+    PYTHONPATH=src python3 bench/stream.py                    # all cases (about 9 minutes)
+    PYTHONPATH=src python3 bench/stream.py --cases 3b-16k --systems outcore,pytorch
+    PYTHONPATH=src python3 bench/stream.py --smoke            # CPU, seconds
+
+Each (system, case) runs in its own subprocess so host and GPU memory start clean.
+Same model (outcore.models.decoder), same random batch, same number of steps; the
+figure is the median step time over the measured steps after warm-up.
+Writes bench/results/stream-<machine>.json and stream-<machine>.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+
+CASES = {  # name: (model size, tokens per step, micro batch rows for outcore)
+    "1b-16k": ("1b", 16384, 4),
+    "3b-16k": ("3b", 16384, 4),
+    "7b-16k": ("7b", 16384, 4),
+    "3b-64k": ("3b", 65536, 8),
+}
+SEQ = 2048
+
+
+def make_model(size: str, layers: int | None = None):
+    from outcore.models import decoder
+    kw = {"max_seq": SEQ}
+    if layers:
+        kw["layers"] = layers
+    return decoder(size, **kw)
+
+
+def batch(vocab: int, tokens: int, seq: int, device="cpu"):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, vocab, (tokens // seq, seq), generator=g)
+    return {"input_ids": x.to(device), "labels": x.to(device)}
+
+
+def run_outcore(args) -> dict:
+    import outcore
+    model = make_model(args.size, args.layers)
+    n = sum(p.numel() for p in model.parameters())
+    eng = outcore.Engine(model, optimizer=outcore.AdamW(lr=1e-4, weight_decay=0.0),
+                         device="cuda", micro_batch_size=args.micro, max_grad_norm=None,
+                         gpu_memory=args.gpu_memory, verbose=True)
+    b = batch(model.cfg.vocab, args.tokens, args.seq)
+    times, split, losses = [], [], []
+    for i in range(args.warmup + args.steps):
+        t = time.perf_counter()
+        losses.append(eng.train_step(b))
+        torch.cuda.synchronize()
+        dt = time.perf_counter() - t
+        if i >= args.warmup:
+            times.append(dt)
+            s = eng.stats
+            split.append((s.compute_s, s.copy_wait_s, s.optimizer_wait_s))
+        print(f"  step {i}: {dt:.3f} s loss {losses[-1]:.4f}", flush=True)
+    eng.synchronize()
+    k = times.index(common.median(times))
+    return {"params": n, "step_s": common.median(times), "losses": losses,
+            "compute_s": split[k][0], "copy_wait_s": split[k][1],
+            "optimizer_wait_s": split[k][2],
+            "peak_gpu_gb": torch.cuda.max_memory_reserved() / 1e9,
+            "peak_gpu_allocated_gb": eng.stats.peak_device_bytes / 1e9,
+            "host_bytes_per_param": eng.host_bytes_per_param(),
+            "gpu_optimizer_blocks": getattr(eng, "gpu_update_blocks", 0)}
+
+
+class _Ckpt(torch.nn.Module):
+    """Activation checkpointing of one block for the in-memory baseline."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, *a):
+        from torch.utils.checkpoint import checkpoint
+        return checkpoint(self.inner, *a, use_reentrant=False)
+
+
+def _plain_loop(model, opt, args, params) -> dict:
+    b = batch(model.cfg.vocab, args.tokens, args.seq, "cuda")
+    times, losses = [], []
+    for i in range(args.warmup + args.steps):
+        t = time.perf_counter()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(**b).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+        torch.cuda.synchronize()
+        dt = time.perf_counter() - t
+        if i >= args.warmup:
+            times.append(dt)
+        print(f"  step {i}: {dt:.3f} s loss {losses[-1]:.4f}", flush=True)
+    return {"params": params, "step_s": common.median(times), "losses": losses,
+            "peak_gpu_gb": torch.cuda.max_memory_reserved() / 1e9}
+
+
+def run_pytorch(args) -> dict:
+    model = make_model(args.size, args.layers)
+    n = sum(p.numel() for p in model.parameters())
+    for i, layer in enumerate(model.layers):
+        model.layers[i] = _Ckpt(layer)
+    model.cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.0, fused=True)
+    out = _plain_loop(model, opt, args, n)
+    out["host_bytes_per_param"] = 0.0
+    return out
+
+
+def run_fsdp2(args) -> dict:
+    import torch.distributed as dist
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29533")
+    dist.init_process_group("nccl", rank=0, world_size=1)
+    torch.cuda.set_device(0)
+    model = make_model(args.size, args.layers)
+    n = sum(p.numel() for p in model.parameters())
+    for i, layer in enumerate(model.layers):
+        model.layers[i] = _Ckpt(layer)
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    off = CPUOffloadPolicy(pin_memory=True)
+    for layer in model.layers:
+        fully_shard(layer, mp_policy=mp, offload_policy=off)
+    fully_shard(model, mp_policy=mp, offload_policy=off)
+    try:
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.0, fused=True)
+    except RuntimeError:
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.0)
+    out = _plain_loop(model, opt, args, n)
+    out["host_bytes_per_param"] = None  # FSDP2 does not report its host bytes
+    dist.destroy_process_group()
+    return out
+
+
+def worker(args) -> None:
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.manual_seed(0)
+    fn = {"outcore": run_outcore, "pytorch": run_pytorch, "fsdp2": run_fsdp2}[args.system]
+    try:
+        res = fn(args)
+        res["tokens_per_s"] = args.tokens / res["step_s"]
+        res["model_tflops"] = 6 * res["params"] * args.tokens / res["step_s"] / 1e12
+    except torch.cuda.OutOfMemoryError as e:
+        res = {"error": f"out of memory: {str(e).splitlines()[0][:160]}"}
+    except Exception as e:  # a failed run is a row with its error, not a missing row
+        res = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"}
+    print("RESULT " + json.dumps(res), flush=True)
+
+
+def spawn(system: str, case: str, size: str, tokens: int, micro: int, extra: list[str],
+          timeout: float) -> dict:
+    cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--system", system,
+           "--size", size, "--tokens", str(tokens), "--micro", str(micro)] + extra
+    t = time.time()
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        out = p.stdout
+    except subprocess.TimeoutExpired as e:
+        out = (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+        out += "\nRESULT " + json.dumps({"error": f"timed out after {timeout:.0f} s"})
+        p = None
+    sys.stdout.write("".join(f"    {l}\n" for l in out.splitlines() if not l.startswith("RESULT")))
+    res = next((json.loads(l[7:]) for l in reversed(out.splitlines()) if l.startswith("RESULT")),
+               None)
+    if res is None:
+        err = (p.stderr if p else "")[-400:].strip().splitlines()
+        res = {"error": f"worker died (rc={p.returncode if p else '?'}): "
+                        f"{err[-1] if err else 'no output'}"}
+    res.update({"system": system, "case": case, "wall_s_total": time.time() - t})
+    return res
+
+
+def plot(doc: dict, path) -> None:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    cases = list(dict.fromkeys(r["case"] for r in doc["runs"] if r["case"] in CASES))
+    systems = ["outcore", "pytorch", "fsdp2"]
+    fig, ax = plt.subplots(figsize=(8, 4))
+    w = 0.27
+    for j, s in enumerate(systems):
+        ys = [next((r.get("model_tflops") or 0 for r in doc["runs"]
+                    if r["case"] == c and r["system"] == s), 0) for c in cases]
+        ax.bar([i + (j - 1) * w for i in range(len(cases))], ys, w, label=s)
+    ax.set_xticks(range(len(cases)), cases)
+    ax.set_ylabel("model TFLOP/s (6 x params x tokens / step)")
+    ax.set_title(f"stream, {doc['machine']}, torch {doc['torch']}")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--cases", default=",".join(CASES))
+    ap.add_argument("--systems", default="outcore,pytorch,fsdp2")
+    ap.add_argument("--largest", default="auto", help="layers of the 7b shape for the "
+                    "'largest' row: auto (from host RAM), N, or 0 to skip")
+    ap.add_argument("--gpu-memory", default="16GiB", help="outcore's device budget")
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--timeout", type=float, default=150, help="seconds per (system, case)")
+    ap.add_argument("--smoke", action="store_true", help="tiny CPU run of the code paths")
+    ap.add_argument("--out", default=None)
+    # worker-only
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--system", help=argparse.SUPPRESS)
+    ap.add_argument("--size", help=argparse.SUPPRESS)
+    ap.add_argument("--tokens", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--micro", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--layers", type=int, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--seq", type=int, default=SEQ, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        return worker(args)
+    if args.smoke:
+        return smoke()
+    doc = common.header("stream")
+    extra = ["--steps", str(args.steps), "--warmup", str(args.warmup),
+             "--gpu-memory", args.gpu_memory]
+    for case in args.cases.split(","):
+        size, tokens, micro = CASES[case]
+        for system in args.systems.split(","):
+            print(f"== {system} {case}", flush=True)
+            doc["runs"].append(spawn(system, case, size, tokens, micro, extra, args.timeout))
+            common.write(doc, args.out or f"stream-{common.machine_name()}")
+    if args.largest != "0" and "outcore" in args.systems:
+        layers = largest_layers() if args.largest == "auto" else int(args.largest)
+        print(f"== outcore largest ({layers} layers of the 7b shape)", flush=True)
+        r = spawn("outcore", "largest", "7b", 16384, 4,
+                  ["--steps", "3", "--warmup", "1", "--gpu-memory", args.gpu_memory,
+                   "--layers", str(layers)], args.timeout * 2)
+        losses = r.get("losses") or []
+        r["loss_falls"] = bool(losses) and losses[-1] < losses[0]
+        doc["runs"].append(r)
+    name = args.out or f"stream-{common.machine_name()}"
+    common.write(doc, name)
+    plot(doc, common.RESULTS / f"{name}.png")
+    print(common.table(doc["runs"], ["system", "case", "tokens_per_s", "model_tflops",
+                                     "peak_gpu_gb", "host_bytes_per_param", "compute_s",
+                                     "copy_wait_s", "optimizer_wait_s", "error"]))
+
+
+def largest_layers() -> int:
+    """Layers of the 7b shape (202M params each) that fit 12.5 B/param in ~85% of host RAM."""
+    import outcore.models as m
+    cfg = m.SIZES["7b"]
+    per_layer = (cfg.num_params() - 2 * cfg.vocab * cfg.dim) / cfg.layers
+    avail = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    budget = 0.80 * avail / 12.5 - 2 * cfg.vocab * cfg.dim
+    return max(1, int(budget // per_layer))
+
+
+def smoke() -> None:
+    """Every code path of the worker on the CPU with a tiny model (no GPU needed)."""
+    import outcore
+    from outcore.models import decoder
+    model = decoder("tiny")
+    eng = outcore.Engine(model, device="cpu", micro_batch_size=2)
+    b = batch(model.cfg.vocab, 4 * 64, 64)
+    losses = [eng.train_step(b) for _ in range(3)]
+    eng.close()
+    assert losses[-1] < losses[0], losses
+    print(common.table([{"system": "outcore", "case": "smoke", "loss0": losses[0],
+                         "loss2": losses[-1]}], ["system", "case", "loss0", "loss2"]))
+
+
+if __name__ == "__main__":
+    main()
