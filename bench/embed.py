@@ -52,7 +52,7 @@ sys.path.insert(0, os.path.join(REPO, "src"))
 from outcore.embed import (EmbedConfig, EmbeddingTrainer, GraphSpec,  # noqa: E402
                            evaluate_link_prediction, node_classification, read_edges)
 from outcore.embed.generate import PlantedGraph, write_graph  # noqa: E402
-from outcore.embed.plan import make_plan, workspace_bytes  # noqa: E402
+from outcore.embed.plan import make_plan  # noqa: E402
 from outcore.embed.textio import parse_numeric_chunk  # noqa: E402
 
 SITE = "/tmp/site"
@@ -480,9 +480,9 @@ def run_throughput(res, S, devs1, gpus, cuda, deadline):
         case(res, "outcore", f"throughput-{len(devs)}gpu", two, deadline, 60)
     if gpus > 1:
         return
-    probe = EmbedConfig(dim=128, batch_size=S["batch"])
-    ws = workspace_bytes(probe, m)
-    table = box.get("table") or make_plan(probe, n, 1, 1 << 60, m).table_bytes
+    probe = make_plan(EmbedConfig(dim=128, batch_size=S["batch"]), n, 1, 1 << 60, m)
+    ws = probe.workspace_bytes          # step temporaries, edge buffers, sampling tables
+    table = probe.table_bytes
 
     def fits():
         row, _ = train_measure(src, dst, n, devs1, S["tp_epochs"], gpu_memory=ws + 2 * table,

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from outcore.embed import EmbedConfig, EmbeddingTrainer, GraphSpec, generate, node_classification
-from outcore.embed.plan import make_plan, workspace_bytes
+from outcore.embed.plan import make_plan
 from outcore.embed.step import LossSpec, batch_grads
 from outcore.embed.table import hash_init
 from outcore.errors import OutcoreError
@@ -65,7 +65,7 @@ def test_partitioned_training_matches_in_memory_replay(directed, optimizer):
                       optimizer=optimizer, lr=0.05, init_scale=0.5, seed=5, edge_chunk=40)
     # a device budget for exactly 2 resident partitions: every epoch swaps partitions
     probe = make_plan(cfg, N, 1, 1 << 40, len(src))
-    cfg.gpu_memory = workspace_bytes(cfg, len(src)) + 2 * probe.partition_bytes + 8
+    cfg.gpu_memory = probe.workspace_bytes + 2 * probe.partition_bytes + 8
     trainer = EmbeddingTrainer(cfg)
     records = []
     trainer.record = lambda *r: records.append([x.clone() if torch.is_tensor(x) else x for x in r])
