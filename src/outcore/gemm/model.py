@@ -23,6 +23,8 @@ class Rates:
         "fp64": 60e12, "fp32": 51e12, "tf32": 414e12, "bf16": 801e12})
     h2d: float = 55e9
     d2h: float = 55e9
+    hbm: float = 3.0e12          # device memory, read + write of an accumulator per GEMM
+    launch: float = 8e-6         # per GEMM call
 
 
 def _size(dtype: torch.dtype) -> int:
@@ -45,20 +47,39 @@ def estimate_seconds(plan: GemmPlan, rates: Rates) -> float:
             avail[key] = link
         return avail[key]
 
-    def unit(t, kb, p):
+    def gemm(t, kb, q0, q1, ready):
         nonlocal comp
-        kk0, kk1 = pspans[kb][p]
-        ready = max(need(("A", t.i, kb, p), t.rows * (kk1 - kk0) * hb),
-                    need(("B", t.j, kb, p), t.cols * (kk1 - kk0) * hb))
-        comp = max(comp, ready) + 2.0 * t.rows * t.cols * (kk1 - kk0) / rate
+        k = pspans[kb][q1 - 1][1] - pspans[kb][q0][0]
+        acc_rw = 2.0 * t.rows * t.cols * _size(plan.acc_dtype) / rates.hbm
+        comp = max(comp, ready) + 2.0 * t.rows * t.cols * k / rate + acc_rw + rates.launch
+
+    def run(t, kb, q0, q1):
+        """Like DeviceWorker._gemm: a piece loaded now gets its own GEMM, runs of pieces
+        already on the device are merged into one."""
+        seg, seg_ready = None, 0.0
+        for p in range(q0, q1):
+            ka, kb_ = ("A", t.i, kb, p), ("B", t.j, kb, p)
+            fresh = ka not in avail or kb_ not in avail
+            kk = pspans[kb][p][1] - pspans[kb][p][0]
+            ready = max(need(ka, t.rows * kk * hb), need(kb_, t.cols * kk * hb))
+            if fresh:
+                if seg is not None:
+                    gemm(t, kb, seg, p, seg_ready)
+                    seg = None
+                gemm(t, kb, p, p + 1, ready)
+            elif seg is None:
+                seg, seg_ready = p, ready
+            else:
+                seg_ready = max(seg_ready, ready)
+        if seg is not None:
+            gemm(t, kb, seg, q1, seg_ready)
 
     tiles = plan.tiles()
     for p in range(plan.prologue):
         for t in tiles:
-            unit(t, 0, p)
+            run(t, 0, p, p + 1)
     for t in tiles:
         for kb in range(len(kspans)):
-            for p in range(plan.prologue if kb == 0 else 0, len(pspans[kb])):
-                unit(t, kb, p)
+            run(t, kb, plan.prologue if kb == 0 else 0, len(pspans[kb]))
         d2h = max(d2h, comp) + t.rows * t.cols * hb / rates.d2h
     return max(comp, d2h)

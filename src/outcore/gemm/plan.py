@@ -236,20 +236,21 @@ def _replace(plan: GemmPlan, **kw) -> GemmPlan:
 
 
 def _maybe_prologue(plan: GemmPlan, n_devices: int, device_type: str, rates: Rates) -> GemmPlan:
-    """One device holding everything: stream the first pieces of K over all tiles if the
-    model says the link and the compute then overlap better (link and compute nearly
-    balanced, e.g. tf32); the accumulators of every tile must fit as well."""
-    q = cdiv(plan.tile_k, plan.piece_k)
-    if n_devices != 1 or device_type != "cuda" or plan.nk != 1 or q < 4:
+    """One device holding everything: let the model pick the copy piece size (32..128 MiB:
+    bigger pieces, fewer and larger GEMMs) and whether to stream the first pieces of K over
+    all tiles first (good when link and compute are nearly balanced, e.g. tf32; the
+    accumulators of every tile must fit as well)."""
+    if n_devices != 1 or device_type != "cuda" or plan.nk != 1:
         return plan
-    n_tiles = plan.mt * plan.nt
-    grown = _replace(plan, n_acc=max(2, n_tiles))
-    if grown.device_bytes() > plan.budget:
-        return _replace(plan, est_seconds=estimate_seconds(plan, rates))
     best, best_t = plan, estimate_seconds(plan, rates)
-    for p in sorted({q // 4, q // 2} - {0}):
-        cand = _replace(grown, prologue=p)
-        t = estimate_seconds(cand, rates)
-        if t < 0.98 * best_t:
-            best, best_t = cand, t
+    for pk in sorted({min(f * plan.piece_k, plan.tile_k) for f in (1, 2, 4)}):
+        q = cdiv(plan.tile_k, pk)
+        for p in sorted({0, q // 4, q // 2}):
+            cand = _replace(plan, piece_k=pk, prologue=p,
+                            n_acc=max(2, plan.mt * plan.nt) if p else 2)
+            if (p and q < 4) or cand.device_bytes() > plan.budget or cand == plan:
+                continue
+            t = estimate_seconds(cand, rates)
+            if t < 0.98 * best_t:
+                best, best_t = cand, t
     return _replace(best, est_seconds=best_t)
