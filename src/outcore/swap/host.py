@@ -44,7 +44,11 @@ class _Slab:
         self.data = torch.empty(nbytes, dtype=torch.uint8)
         self.pinned = pin
         if pin:
-            pin_(self.data)
+            try:
+                pin_(self.data)
+            except RuntimeError:  # registration refused: let CUDA allocate pinned pages
+                self.data = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+                self.pinned = False  # torch's pinned allocator owns (and frees) these
         self.nbytes = nbytes
         self.free: list[list[int]] = [[0, nbytes]]   # sorted [offset, length] holes
         self.used = 0
@@ -178,6 +182,8 @@ class HostStore:
             self._closed = True
             for slab in [s for s in self._slabs if s.used == 0]:
                 self._drop(slab)
+        if self.pin and hasattr(torch._C, "_host_emptyCache"):
+            torch._C._host_emptyCache()  # pages of slabs torch pinned for us (fallback)
 
     @property
     def slabs(self) -> int:
