@@ -92,3 +92,13 @@ def test_a_failing_worker_stops_the_others_and_raises():
         raised = "fell over" in str(e)
     assert raised
     assert len(good.tiles) < 499   # the queue was aborted
+
+
+def test_endgame_stops_claiming_ahead_only_with_several_devices():
+    from outcore.gemm.schedule import Pull
+    q = TileQueue(list(range(6)), 2)
+    p0, p1 = Pull(q, 0), Pull(q, 1)
+    assert p0(3) == [0, 1, 2] and not p0.endgame()
+    assert p1(1) and p1.endgame()                # 2 left for 2 devices
+    solo = TileQueue(list(range(2)), 1)
+    assert not Pull(solo, 0).endgame()           # nobody else could take them

@@ -194,8 +194,9 @@ def make_plan(m: int, n: int, k: int, *, host_dtype: torch.dtype, compute: str, 
     else:
         t, t_min, fit = DEFAULT_TILE.get(device_type, 4096), MIN_TILE.get(device_type, 4), None
         if n_devices > 1:
-            # enough tiles that devices of unequal speed can balance
-            while t > 1024 and cdiv(m, t) * cdiv(n, t) < 4 * n_devices:
+            # enough tiles that devices of unequal speed can balance: the last tiles of a
+            # slow device set the end, so they should be short
+            while t > 2048 and cdiv(m, t) * cdiv(n, t) < 64 * n_devices:
                 t //= 2
         while t >= t_min:
             tm, tn = min(t, m), min(t, n)

@@ -72,6 +72,22 @@ class TileQueue:
         return start + length // 2 if heading else start
 
 
+class Pull:
+    """What a worker calls for tiles: pull(n) claims up to n for its device; `endgame()`
+    says whether so few are left that claiming ahead would take one from a device that
+    would start it sooner."""
+
+    def __init__(self, queue: TileQueue, dev: int):
+        self.queue, self.dev = queue, dev
+
+    def __call__(self, n: int = 1) -> list:
+        return self.queue.pull(self.dev, n)
+
+    def endgame(self) -> bool:
+        n_dev = len(self.queue.taken)
+        return n_dev > 1 and self.queue.remaining() <= n_dev
+
+
 def run_workers(queue: TileQueue, workers: Sequence, first: int = 1) -> None:
     """Run `worker.run(pull)` for every worker, one thread each; re-raise the first error.
 
@@ -82,7 +98,7 @@ def run_workers(queue: TileQueue, workers: Sequence, first: int = 1) -> None:
 
     def body(dev: int, worker) -> None:
         try:
-            worker.run(lambda n=1: queue.pull(dev, n), first)
+            worker.run(Pull(queue, dev), first)
         except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
             errors.append(e)
             queue.abort()

@@ -111,11 +111,12 @@ class DeviceWorker:
     def _loop(self, pull, first: int) -> None:
         inflight: deque = deque()
         seq, n = 0, first
+        endgame = getattr(pull, "endgame", lambda: False)
         while True:
-            if len(inflight) >= 2:
-                # Host sync (flow control): at most two tasks queued on this device, so a
-                # tile is claimed from the shared queue only shortly before this device can
-                # start it, and a faster device finds it still unclaimed.
+            if len(inflight) >= 2 or (inflight and endgame()):
+                # Host sync (flow control): at most two tasks queued on this device (one
+                # when the last tiles are handed out), so a tile is claimed only shortly
+                # before this device can start it and a faster device finds it unclaimed.
                 host_wait(inflight.popleft())
             tiles = pull(n)
             n = 1
