@@ -94,7 +94,8 @@ class Runner:
     def open(self, system: str) -> None:
         if system == "outcore":
             self.swap = swap(self.model, gpu_memory=self.args.cap, store=self.store,
-                             min_swap_bytes=self.args.min_swap, force_copy=not self.cuda)
+                             min_swap_bytes=self.args.min_swap, force_copy=not self.cuda,
+                             prefetch_bytes=self.args.prefetch)
 
     def close(self) -> None:
         if self.swap is not None:
@@ -135,7 +136,7 @@ class Runner:
         except RuntimeError as e:
             if not is_oom(e):
                 raise
-            why = "out of memory: " + str(e).splitlines()[0][:160]
+            why = "out of memory: " + error_text(e)
         finally:
             x = y = None
             self.close()
@@ -219,8 +220,12 @@ def search(run: Runner, system: str, start: int, limit: int, deadline: float, re
         else:
             bad, why = mid, why_m
     capped = bad is None or bad - good > max(1, good // res)
+    limited_by = ("time" if time.monotonic() >= deadline and capped else
+                  "search limit" if bad is None else
+                  "host memory" if why.startswith("host memory") else "gpu memory")
     return {"max_batch": good, "first_failing_batch": bad, "failure": why, "probes": probes,
-            "search_s": round(time.monotonic() - t0, 1), "search_capped": capped, **at_good}
+            "search_s": round(time.monotonic() - t0, 1), "search_capped": capped,
+            "limited_by": limited_by, **at_good}
 
 
 def measure(run: Runner, system: str, b: int, warmup: int, steps: int, deadline: float) -> dict:
@@ -255,6 +260,11 @@ def measure(run: Runner, system: str, b: int, warmup: int, steps: int, deadline:
         run.cleanup()
 
 
+def error_text(e: BaseException) -> str:
+    lines = str(e).strip().splitlines() or [""]
+    return f"{type(e).__name__}: {lines[0][:200]}"
+
+
 def pow2_floor(n: int) -> int:
     return 1 << (max(1, n).bit_length() - 1)
 
@@ -286,7 +296,7 @@ def bench_model(name: str, args, device, rows: list, deadline: float, bar, full:
                 rows.append(tput[system])
             except Exception as e:  # one system failing must not lose the others
                 rows.append({"system": system, "case": case("throughput"), "batch": tb,
-                             "error": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"})
+                             "error": error_text(e)})
                 run.close()
                 run.cleanup()
         if "images_per_s" in tput.get("outcore", {}):
@@ -299,8 +309,14 @@ def bench_model(name: str, args, device, rows: list, deadline: float, bar, full:
         bar.update()
         if tb != pmax and full:
             for system in ("pytorch", "outcore"):
-                r = measure(run, system, pmax, 2, args.steps, time.monotonic() + 10)
-                rows.append({"system": system, "case": case("throughput-edge"), **r})
+                row = {"system": system, "case": case("throughput-edge")}
+                try:
+                    row.update(measure(run, system, pmax, 2, args.steps, time.monotonic() + 10))
+                except Exception as e:  # an error row, and the bench goes on
+                    row.update(batch=pmax, error=error_text(e))
+                    run.close()
+                    run.cleanup()
+                rows.append(row)
         bar.update()
         left = deadline - time.monotonic()
         res = 16 if not args.smoke else 4
@@ -308,9 +324,6 @@ def bench_model(name: str, args, device, rows: list, deadline: float, bar, full:
                     time.monotonic() + 0.85 * left, res, bar)
         oc["vs_pytorch"] = round(oc["max_batch"] / pmax, 2)
         oc["host_pinned_gb"] = round(run.store.reserved_bytes / GB, 2)
-        oc["limited_by"] = ("search limit" if oc["first_failing_batch"] is None else
-                            "host memory" if "host" in (oc["failure"] or "") else
-                            "time" if oc["search_capped"] else "gpu memory")
         rows.append({"system": "outcore", "case": case("maxbatch"), **oc})
         bar.update()
         if oc["max_batch"] > pmax:
@@ -376,7 +389,8 @@ def main() -> None:
     ap.add_argument("--max-factor", type=int, default=8, help="outcore search ceiling x plain")
     ap.add_argument("--host-fraction", type=float, default=0.7,
                     help="pinned host memory allowed for swapping, share of MemAvailable")
-    ap.add_argument("--min-swap", default="1MiB")
+    ap.add_argument("--min-swap", default="1MiB", help="outcore min_swap_bytes")
+    ap.add_argument("--prefetch", default=None, help="outcore prefetch_bytes (default: auto)")
     ap.add_argument("--slab", default="1GiB", help="pinned host slab size")
     ap.add_argument("--no-wide", action="store_true", help="skip wide_resnet101_2")
     ap.add_argument("--alloc-conf", default=None,
@@ -385,8 +399,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.smoke:
         args.cap, args.image, args.slab, args.budget_s = "256KiB", 16, "256KiB", 60.0
-        args.steps, args.max_batch = 3, 64
-        args.host_limit = 2 * 1024**2
+        args.steps, args.max_batch, args.min_swap, args.prefetch = 3, 64, "1KiB", "16KiB"
+        args.host_limit = 1024**2  # small: the outcore search ends at the host limit
         device = torch.device("cpu")
     else:
         if not torch.cuda.is_available():
@@ -415,7 +429,7 @@ def main() -> None:
             bench_model(name, args, device, rows, until, bar, full)
         except Exception as e:  # a whole model failing becomes an error row
             rows.append({"system": "outcore", "case": f"{name}-maxbatch",
-                         "error": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"})
+                         "error": error_text(e)})
     bar.close()
     for r in rows:
         r.update(cap_gb=round(args.cap / GB, 2), image=args.image)
