@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Benchmark outcore.matmul against cuBLASXt, in-core torch and the roofline bound.
 
-    cd <repo> && PYTHONPATH=src python3 bench/gemm.py        # 1 x H200: about 3 min
+    cd <repo> && PYTHONPATH=src python3 bench/gemm.py        # 1 x H200: about 4 min
                                                              # 2 x H200: about 2 min
     PYTHONPATH=src python3 bench/gemm.py --smoke             # CPU, every code path, seconds
 
@@ -16,7 +16,7 @@ Systems: outcore; cublasxt (cublasXtSgemm through ctypes, pinned, best blockDim 
 2048/4096/8192; fp32 only); torch-incore (the same product, operands already on the GPU);
 bound (max of FLOPs / in-core rate and the least bytes that must cross PCIe / measured
 bandwidth; for -slowed the sum of each GPU's outcore rate alone under the same slowing).
-Every row has `tflops`; a failed or skipped run is a row with `error`. The whole run stops
+Every row has `tflops` (null in a failed or skipped run, which has `error` instead). The whole run stops
 starting new work after --budget-s seconds (training shapes are dropped largest first, and
 listed under "dropped").
 """
@@ -80,8 +80,10 @@ class Case:
         return ("T" if self.transa else "N") + ("T" if self.transb else "N")
 
     def row(self, system: str, **kw) -> dict:
-        return {"system": system, "case": self.name, "m": self.m, "n": self.n, "k": self.k,
-                "layout": self.layout, "compute": self.compute, "host_dtype": "float32", **kw}
+        """A results row; `tflops` is in every row (None in a failed or skipped one)."""
+        return {"system": system, "case": self.name, "tflops": None, "m": self.m, "n": self.n,
+                "k": self.k, "layout": self.layout, "compute": self.compute,
+                "host_dtype": "float32", **kw}
 
 
 @dataclass
@@ -372,7 +374,7 @@ def two_gpus(env: Env, rows: list, bar) -> None:
         guarded(rows, lambda: run_cublasxt(env, c, devs), c, "cublasxt", env)
         bar.update(1)
     r1, r2 = by_case[one.name], by_case[two.name]
-    if "tflops" in r1 and "tflops" in r2:
+    if r1.get("tflops") and r2.get("tflops"):
         r2["speedup"] = r2["tflops"] / r1["tflops"]
     c, alone, row = slowed, [], {}
     try:
@@ -383,12 +385,12 @@ def two_gpus(env: Env, rows: list, bar) -> None:
             guarded(rows, lambda: run_cublasxt(env, c, [d0, d1]), c, "cublasxt", env)
     except Exception as e:  # noqa: BLE001 - the co-running process failed: record, go on
         rows.append(c.row("outcore", error=f"co-running process: {e}"))
-    if len(alone) == 2 and all("tflops" in a for a in alone):
+    if len(alone) == 2 and all(a.get("tflops") for a in alone):
         total = sum(a["tflops"] for a in alone)
         rows.append(c.row("bound", tflops=total, gpu0_alone_tflops=alone[0]["tflops"],
                           gpu1_alone_tflops=alone[1]["tflops"],
                           limit="sum of each GPU's outcore rate alone under the same slowing"))
-        if "tflops" in row:
+        if row.get("tflops"):
             row["fraction_of_bound"] = row["tflops"] / total
     else:
         rows.append(c.row("bound", error="an alone run failed: " + "; ".join(
