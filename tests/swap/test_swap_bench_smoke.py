@@ -23,6 +23,7 @@ def test_bench_smoke_writes_every_case(tmp_path):
     plain = rows[("pytorch", "resnet152-maxbatch", False)]
     ours = rows[("outcore", "resnet152-maxbatch", False)]
     assert ours["max_batch"] > plain["max_batch"] >= 1
+    assert ours["limited_by"] == "host memory"          # the smoke host limit is small
     oom = rows[("pytorch", "resnet152-maxbatch", True)]
     assert oom["batch"] == ours["max_batch"] and "out of memory" in oom["error"]
     for system in ("pytorch", "outcore", "save_on_cpu"):

@@ -80,11 +80,19 @@ def test_cuda_autocast_bf16_equal_plain():
     assert all(torch.equal(a, b) for a, b in zip(*outs))
 
 
+def deep(c: int = 64, n: int = 8) -> nn.Module:
+    torch.manual_seed(0)
+    layers = [nn.Conv2d(3, c, 3, stride=2, padding=1)]
+    for _ in range(n):
+        layers += [nn.Conv2d(c, c, 3, padding=1, bias=False), nn.BatchNorm2d(c), nn.ReLU()]
+    return nn.Sequential(*layers, nn.Flatten(2), Mean(), nn.Linear(c, 10)).cuda()
+
+
 def test_cuda_swapping_lowers_peak_memory():
     x, y = data(32, 96)
     peaks = []
-    for kw in (None, dict(min_swap_bytes="1MiB")):
-        model = cnn(64)
+    for kw in (None, dict(min_swap_bytes="1MiB", prefetch_bytes="40MiB")):
+        model = deep()
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
