@@ -99,3 +99,39 @@ def test_chunked_loss_matches_edge_by_edge(loss, score, bneg):
     Ur = U.clone().requires_grad_()
     _reference_loss(Ur, V, NU, NV, spec).backward()
     torch.testing.assert_close(dU, Ur.grad, rtol=1e-4, atol=1e-4)
+
+
+def test_per_occurrence_adagrad_matches_its_dense_formula():
+    torch.manual_seed(3)
+    N, w, lr, eps = 6, 4, 0.2, 1e-10
+    rows = torch.randn(N + 1, w)
+    state = torch.rand(N + 1, 1)
+    ref, ref_s = rows[:N].clone(), state[:N, 0].clone()
+    parts = [(torch.randint(0, N, (5,)), torch.randn(5, w)) for _ in range(3)]
+    ids = torch.cat([i for i, _ in parts])
+    g = torch.cat([x for _, x in parts])
+    ref_s += torch.zeros(N).index_add_(0, ids, g.pow(2).mean(1))
+    G = torch.zeros(N, w).index_add_(0, ids, g)
+    ref -= lr * G / (ref_s.sqrt() + eps)[:, None]
+    RowOptimizer("adagrad", lr=lr, eps=eps).update_parts(
+        rows, state, [(i, x.clone()) for i, x in parts], exact=False)
+    torch.testing.assert_close(rows[:N], ref)
+    torch.testing.assert_close(state[:N, 0], ref_s)
+
+
+@pytest.mark.parametrize("B,C,M,bneg", [(13, 4, 3, True), (16, 4, 0, True), (12, 5, 3, False),
+                                        (7, 8, 5, True)])
+def test_hand_written_softmax_gradients_match_autograd(B, C, M, bneg):
+    from outcore.embed.step import softmax_dot_grads
+    torch.manual_seed(4)
+    spec = LossSpec(chunk=C, batch_negatives=bneg)
+    K, d = num_chunks(B, C), 6
+    ts = [torch.randn(B, d) * 2, torch.randn(B, d) * 2, torch.randn(K, M, d), torch.randn(K, M, d)]
+    fast = softmax_dot_grads(*ts, spec)
+    leaves = [t.clone().requires_grad_() for t in ts]
+    loss = batch_loss(*leaves, spec)
+    loss.backward()
+    torch.testing.assert_close(fast[0], loss.detach(), rtol=1e-5, atol=1e-4)
+    for got, leaf in zip(fast[1:], leaves):
+        want = leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)

@@ -29,6 +29,7 @@ class EmbedConfig:
     optimizer: str = "adagrad"          # row-wise Adagrad, or "adam" (lazy, per-row step)
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-10
+    exact_sparse: bool = False          # Adagrad: coalesce a row's repeats before squaring
     score: str = "dot"                  # "dot" or "cosine"
     loss: str = "softmax"               # "softmax" (PBG), "logistic" (LINE), "ranking"
     margin: float = 0.1                 # ranking loss only

@@ -1,6 +1,7 @@
 """Sparse row-wise optimizers whose state lives beside the rows, without host syncs.
 
-A step's gradient arrives as (ids: n, grads: n x w) with repeated ids. `coalesce` sums the
+Adagrad's default path (`update_parts`, exact=False) needs no coalescing: see there. For
+the exact path, a step's gradient arrives as (ids: n, grads: n x w) with repeated ids. `coalesce` sums the
 repeats by sorting (torch.unique would sync the host to learn the count of unique ids):
 slot k < #unique holds one id and its summed gradient, slots beyond hold the partition's
 scratch row (index n_p, which every device copy of a partition carries) and a zero
@@ -43,6 +44,27 @@ class RowOptimizer:
     def state_cols(self, width: int) -> int:
         """State columns for one side of `width` columns."""
         return 1 if self.kind == "adagrad" else 2 * width + 1
+
+    def update_parts(self, rows: torch.Tensor, state: torch.Tensor, parts, exact: bool) -> None:
+        """parts: [(ids: n_i, grads: n_i x w)] of one partition side (grads are consumed).
+
+        Adagrad with exact=False adds each occurrence's mean squared gradient to the row's
+        state, then moves the row by lr * (sum of its gradients) / sqrt(state): the step
+        of every occurrence uses the same coefficient, so no sort and no coalescing, just
+        atomic index_add_ (the order of float additions may vary between runs on a GPU).
+        Otherwise the gradients are coalesced first (exact batch Adagrad; always for Adam).
+        """
+        if self.kind != "adagrad" or exact:
+            ids = torch.cat([i for i, _ in parts])
+            grads = torch.cat([g for _, g in parts])
+            return self.update(rows, state, ids, grads)
+        w = rows.shape[1]
+        s = state[:, 0]
+        for ids, g in parts:
+            s.index_add_(0, ids, torch.linalg.vector_norm(g, dim=1).pow_(2).div_(w))
+        for ids, g in parts:
+            coef = (s.index_select(0, ids).sqrt_().add_(self.eps)).reciprocal_()
+            rows.index_add_(0, ids, g.mul_(coef.unsqueeze(1)), alpha=-self.lr)
 
     def update(self, rows: torch.Tensor, state: torch.Tensor, ids: torch.Tensor,
                grads: torch.Tensor) -> None:

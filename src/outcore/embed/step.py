@@ -98,8 +98,81 @@ def num_chunks(batch: int, chunk: int) -> int:
     return batch // C + (1 if batch % C else 0)
 
 
+def _softmax_side(A, Bp, Ns, pos, batch_negs: bool):
+    """One corruption of dot-score softmax, gradients by hand.
+
+    A, Bp: k x c x d (anchors and their positive partners), Ns: k x M x d, pos: k x c.
+    Returns (loss, dA, dB, dNs). The score blocks are written once by bmm and then turned
+    into probabilities in place (exp, divide): no autograd copies of k x c x (c + M).
+    """
+    k, c, _ = A.shape
+    blocks = []
+    if batch_negs and c > 1:
+        Sb = torch.bmm(A, Bp.transpose(1, 2))
+        Sb.diagonal(dim1=1, dim2=2).fill_(float("-inf"))     # a positive is no negative
+        blocks.append(Sb)
+    if Ns.shape[1] > 0:
+        blocks.append(torch.bmm(A, Ns.transpose(1, 2)))
+    m = pos.clone()
+    for S in blocks:
+        m = torch.maximum(m, S.amax(-1))
+    total = torch.exp(pos - m)
+    p0 = total.clone()
+    for S in blocks:
+        total += S.sub_(m.unsqueeze(-1)).exp_().sum(-1)         # S now holds exp(s - m)
+    loss = (m + torch.log(total) - pos).sum()
+    inv = total.reciprocal_().unsqueeze(-1)
+    w = (p0 * inv.squeeze(-1) - 1).unsqueeze(-1)                 # dloss/dpos
+    dA = w * Bp
+    dB = w * A
+    dNs = None
+    i = 0
+    if batch_negs and c > 1:
+        Pb = blocks[0].mul_(inv)                                 # probabilities, in place
+        dA.baddbmm_(Pb, Bp)
+        dB.baddbmm_(Pb.transpose(1, 2), A)
+        i = 1
+    if Ns.shape[1] > 0:
+        Ps = blocks[i].mul_(inv)
+        dA.baddbmm_(Ps, Ns)
+        dNs = torch.bmm(Ps.transpose(1, 2), A)
+    else:
+        dNs = Ns.new_zeros(Ns.shape)
+    return loss, dA, dB, dNs
+
+
+def softmax_dot_grads(U, V, NU, NV, spec: LossSpec):
+    """batch_grads for score="dot", loss="softmax" without autograd: both corruptions,
+    each chunk's gradient rows written straight into dU, dV, dNU, dNV."""
+    B, d = U.shape
+    C = min(spec.chunk, B)
+    K = NU.shape[0]
+    dU, dV = torch.empty_like(U), torch.empty_like(V)
+    dNU, dNV = torch.empty_like(NU), torch.empty_like(NV)
+    pos = (U * V).sum(1)
+    total = U.new_zeros(())
+    full = (B // C) * C
+    for lo, hi, ks in ((0, full, slice(0, full // C)), (full, B, slice(full // C, K))):
+        if hi <= lo:
+            continue
+        c = C if lo == 0 else hi - lo
+        u, v = U[lo:hi].view(-1, c, d), V[lo:hi].view(-1, c, d)
+        pc = pos[lo:hi].view(-1, c)
+        l1, dA1, dB1, dN1 = _softmax_side(u, v, NV[ks], pc, spec.batch_negatives)
+        l2, dA2, dB2, dN2 = _softmax_side(v, u, NU[ks], pc, spec.batch_negatives)
+        torch.add(dA1, dB2, out=dU[lo:hi].view(-1, c, d))
+        torch.add(dB1, dA2, out=dV[lo:hi].view(-1, c, d))
+        dNV[ks] = dN1
+        dNU[ks] = dN2
+        total = total + l1 + l2
+    return total, dU, dV, dNU, dNV
+
+
 def batch_grads(U, V, NU, NV, spec: LossSpec):
     """(loss, dU, dV, dNU, dNV) for leaf copies of the gathered rows."""
+    if spec.score == "dot" and spec.loss == "softmax":
+        with torch.no_grad():
+            return softmax_dot_grads(U, V, NU, NV, spec)
     U, V, NU, NV = (t.detach().requires_grad_(True) for t in (U, V, NU, NV))
     loss = batch_loss(U, V, NU, NV, spec)
     dU, dV, dNU, dNV = torch.autograd.grad(loss, (U, V, NU, NV))

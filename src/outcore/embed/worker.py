@@ -210,15 +210,15 @@ class Worker:
         NU = Ra.index_select(0, nu).view(K, M, d)
         NV = Rb.index_select(0, nv).view(K, M, d)
         loss, dU, dV, dNU, dNV = batch_grads(U, V, NU, NV, self.spec)
+        fa = [(u, dU), (nu, dNU.reshape(-1, d))]          # rows of a, source side
+        fb = [(v, dV), (nv, dNV.reshape(-1, d))]          # rows of b, target side
         if a == b and sides == 1:
-            groups = [(rows_a, state_a, 0, torch.cat([u, nu, v, nv]),
-                       torch.cat([dU, dNU.reshape(-1, d), dV, dNV.reshape(-1, d)]))]
+            groups = [(rows_a, state_a, 0, fa + fb)]
         else:
-            groups = [(rows_a, state_a, ta, torch.cat([u, nu]), torch.cat([dU, dNU.reshape(-1, d)])),
-                      (rows_b, state_b, tb, torch.cat([v, nv]), torch.cat([dV, dNV.reshape(-1, d)]))]
-        for rows, state, side, ids, g in groups:
-            self.opt.update(rows[:, side * d:(side + 1) * d],
-                            state[:, side * k:(side + 1) * k], ids, g)
+            groups = [(rows_a, state_a, ta, fa), (rows_b, state_b, tb, fb)]
+        for rows, state, side, parts in groups:
+            self.opt.update_parts(rows[:, side * d:(side + 1) * d],
+                                  state[:, side * k:(side + 1) * k], parts, cfg.exact_sparse)
         if self.record is not None:
             self.record(a, b, u, v, nu, nv)
         return loss
