@@ -16,9 +16,9 @@ Systems: outcore; cublasxt (cublasXtSgemm through ctypes, pinned, best blockDim 
 2048/4096/8192; fp32 only); torch-incore (the same product, operands already on the GPU);
 bound (max of FLOPs / in-core rate and the least bytes that must cross PCIe / measured
 bandwidth; for -slowed the sum of each GPU's outcore rate alone under the same slowing).
-Every row has `tflops` (null in a failed or skipped run, which has `error` instead). The whole run stops
-starting new work after --budget-s seconds (training shapes are dropped largest first, and
-listed under "dropped").
+Every row has `tflops` (null in a failed or skipped run, which has `error`). The run
+starts no new work after --budget-s seconds (training shapes are dropped largest first,
+and listed under "dropped").
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ for _ in range(3): a @ b
 print("ready", flush=True)
 while not select.select([sys.stdin], [], [], 0)[0]:
     for _ in range(8): c = a @ b
-    if dev.type == "cuda": torch.cuda.synchronize(dev)
+    if dev.type == "cuda": torch.cuda.synchronize(dev)  # host sync: short queue, prompt stop
 """
 
 

@@ -131,7 +131,8 @@ def resolve_devices(devices) -> list[torch.device]:
 
 
 def resolve_budget(gpu_memory, devices: list[torch.device]) -> int:
-    """Bytes one device may use for tiles and cache: the smallest over `devices`."""
+    """Bytes one device may use for tiles and cache: the smallest over the GPUs (a CPU
+    worker next to GPUs takes theirs; it allocates only the blocks it touches)."""
     given = parse_bytes(gpu_memory, "gpu_memory")
     budgets = []
     for d in devices:
@@ -142,6 +143,6 @@ def resolve_budget(gpu_memory, devices: list[torch.device]) -> int:
                                    f"{fmt_bytes(free)} free: lower gpu_memory")
             budgets.append(given if given is not None else int(max(free - GPU_RESERVE,
                                                                     free // 2) * 0.9))
-        else:
-            budgets.append(given if given is not None else CPU_BUDGET)
+    if not budgets:
+        return given if given is not None else CPU_BUDGET
     return min(budgets)
