@@ -82,7 +82,8 @@ def matmul(A, B, out=None, *, transa: bool = False, transb: bool = False, alpha:
     of one dtype (float32, float64; bfloat16 for torch tensors), any strides.
     out=None: a new matrix of A's kind (torch tensor or numpy array); beta must then be 0.
     compute: "fp64", "fp32", "tf32" or "bf16" (default: the dtype's own); tiles are
-        converted on the device, bf16 and tf32 accumulate in fp32.
+        converted on the device, bf16 and tf32 accumulate in fp32 (a CPU worker runs
+        tf32 as fp32, and bf16 as bf16 values multiplied in fp32).
     devices: None (every GPU, or the CPU when there is none), "cpu", 0, "cuda:1", "0,1"
         or a list; each is a worker pulling tiles from one queue.
     gpu_memory: bytes (or "8GiB") each device may use for tiles and cache.
