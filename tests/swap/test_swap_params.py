@@ -105,3 +105,15 @@ def test_model_state_unchanged_without_a_step():
                                                         "num_batches_tracked"))
                for k, v in model.state_dict().items())
     assert all(torch.equal(before[k], v) for k, v in model.named_parameters())
+
+
+def test_optimizer_step_brings_parameters_back_after_a_forward_without_backward():
+    model = tiny_cnn()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with outcore.swap(model, **FORCE):
+        loss_of(model, *batch(4))                       # graph built, no backward
+        assert not all(_resident(p) for p in model.parameters())
+        opt.step()                                      # the pre-hook restores them first
+        assert all(_resident(p) for p in model.parameters())
+    from torch.optim.optimizer import _global_optimizer_pre_hooks
+    assert not _global_optimizer_pre_hooks             # removed on exit

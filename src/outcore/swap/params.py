@@ -10,7 +10,8 @@ When parameters live where, for each managed parameter p (one that owns its whol
   backward        a pre-hook on the module's output node fetches p before the module's
                   backward runs (earlier modules prefetched); p then stays, so its .grad
                   lands on the device next to it. A final callback fetches whatever
-                  backward did not use, so after .backward() every p is on the device.
+                  backward did not use, so after .backward() every p is on the device;
+                  so does any optimizer's step (a global step pre-hook, while swapping).
 A parameter used outside the forward of the module that owns it is not supported.
 """
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 from torch.utils._pytree import tree_leaves
 
 from ..errors import OutcoreError
@@ -88,7 +90,9 @@ class ParamSwapper:
         self._bwd_pos: dict[int, int] = {}
 
     def install(self) -> list:
-        handles = []
+        # Any optimizer's step first brings every parameter back (a forward without its
+        # backward leaves them in host memory until then).
+        handles = [register_optimizer_step_pre_hook(lambda opt, a, kw: self.restore())]
         for u, mod in enumerate(self.modules):
             handles.append(mod.register_forward_pre_hook(lambda m, a, u=u: self._pre(u)))
             handles.append(mod.register_forward_hook(lambda m, a, o, u=u: self._post(u, o),
