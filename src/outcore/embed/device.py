@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import OutcoreError
-from ..memory import pin_
+from ..memory import pin_, unpin_
 from ..transfer import Lanes, host_wait
 from .table import EmbeddingTable
 
@@ -135,6 +135,13 @@ class PartitionCache:
             del self.where[p]
             slot.part = -1
         return slot
+
+    def close(self) -> None:
+        """Unregister the pinned host table: it must not be freed while registered (CUDA
+        would keep DMA-ing to the old physical pages of a reused address range)."""
+        if self.pinned:
+            unpin_(self.table.flat)
+            self.pinned = False
 
     def flush(self, drop: bool = False) -> None:
         """Write every modified partition back and wait for it (a deliberate host sync:

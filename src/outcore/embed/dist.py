@@ -45,9 +45,10 @@ def run_rank(rank: int, world: int, cfg: EmbedConfig, device: str, table_args: d
     sampler = NegativeSampler(deg, P, cfg.neg_power)
     source = EpochSource(src, dst, num_nodes, weight, cfg, P)
     worker = Worker(cfg, table, sampler, dev, capacity, None, rank, world)
-    losses, epoch_s, t0 = [], [], time.perf_counter()
+    losses, epoch_s, seen, t0 = [], [], [], time.perf_counter()
     for e in range(cfg.epochs):
         edges = source.epoch(e)          # the same seeded epoch on every rank
+        seen.append(edges)
         dist.barrier()                   # everyone finished the previous epoch
         te = time.perf_counter()
         sched = StoreScheduler(store, P, rank, edges.empty_units(cfg.directed),
@@ -59,6 +60,7 @@ def run_rank(rank: int, world: int, cfg: EmbedConfig, device: str, table_args: d
         dist.barrier()                   # the epoch ends when the slowest rank is done
         epoch_s.append(time.perf_counter() - te)
     worker.cache.flush(drop=True)
+    worker.close(seen)
     table.flush()
     dist.barrier()
     out = {"edges": worker.edges_done, "loss": losses, "wait_s": worker.wait_s,
@@ -89,7 +91,13 @@ def spawn_fit(trainer, el, devices, plan):
     table_args = dict(num_nodes=table.num_nodes, dim=table.dim, partitions=table.P,
                       sides=table.sides, state_cols=table.state_cols, path=table.path,
                       init_scale=table.init_scale, seed=table.seed)
-    tmp = tempfile.mkdtemp(prefix="outcore-embed-")
+    base = "/dev/shm" if os.path.isdir("/dev/shm") else None
+    try:
+        if base and os.statvfs(base).f_bavail * os.statvfs(base).f_frsize < 3 * el.src.nbytes * 2:
+            base = None
+    except OSError:
+        base = None
+    tmp = tempfile.mkdtemp(prefix="outcore-embed-", dir=base)
     data_path = os.path.join(tmp, "edges.npz")
     arrays = {"src": el.src, "dst": el.dst}
     if el.weight is not None:

@@ -135,11 +135,12 @@ class EmbeddingTrainer:
         worker.record = self.record
         producer = None if source.static else Producer(source, 0, cfg.epochs)
         bar = _bar(cfg, "embed")
-        losses, self.epoch_s = [], []
+        losses, self.epoch_s, seen = [], [], []
         try:
             for e in range(cfg.epochs):
                 te = time.perf_counter()
                 edges = producer.get() if producer else source.epoch(e)
+                seen.append(edges)
                 if bar is not None and e == 0:
                     bar.total = len(edges.src) * cfg.epochs
                 sched = BucketScheduler(P, edges.empty_units(cfg.directed))
@@ -154,6 +155,7 @@ class EmbeddingTrainer:
         finally:
             if bar is not None:
                 bar.close()
+            worker.close(seen)
         self.table.flush()
         self.summary_io = {"bytes_in": worker.cache.bytes_in, "bytes_out": worker.cache.bytes_out}
         return worker.edges_done, losses

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..memory import pin_
+from ..memory import pin_, unpin_
 from ..transfer import Lanes, host_wait
 from .buckets import WAIT, BucketedEdges
 from .config import EmbedConfig
@@ -139,6 +139,14 @@ class Worker:
                     edges._pinned.append(t)
                 except RuntimeError:
                     pass                 # pageable: the copies then run synchronously
+
+    def close(self, edges_seen=()) -> None:
+        """Flush nothing; unregister what this worker pinned (see PartitionCache.close)."""
+        for edges in edges_seen:
+            for t in getattr(edges, "_pinned", None) or ():
+                unpin_(t)
+            edges._pinned = None
+        self.cache.close()
 
     # ---- one bucket ------------------------------------------------------------------
     def _buf(self, k: int, n: int) -> _EdgeBuf:
