@@ -2,8 +2,8 @@
 
 When parameters live where, for each managed parameter p (one that owns its whole storage):
   between steps   on the device, so optimizers, zero_grad and state_dict work unchanged
-  forward         at the model's forward start p is copied to its host run (only if it
-                  changed since the last copy: p._version) and its device storage is
+  forward         at the model's forward start p is copied to its host run (a frozen p
+                  only if its version moved since the last copy) and its device storage is
                   freed (storage.resize_(0): autograd keeps the same tensor object). Its
                   module's forward pre-hook fetches it (the next modules' are prefetched in
                   the previous forward's order) and its forward hook frees it again.
@@ -106,10 +106,13 @@ class ParamSwapper:
 
     # ---- moves -------------------------------------------------------------------------
     def _out(self, s: _Slot) -> None:
-        """Copy p to its host run if it changed, then free its device storage."""
+        """Copy p to its host run if it may have changed, then free its device storage.
+
+        Trainable parameters are copied every time (an optimizer's kernel need not bump
+        the version counter); frozen ones only when their version moved."""
         p = s.param
         lanes = self._lanes(p.device)
-        if s.version != p._version:
+        if p.requires_grad or s.version != p._version:
             if lanes.cuda:
                 d2h = lanes.d2h
                 d2h.wait_stream(torch.cuda.current_stream(p.device))  # stream wait: p's last writes
