@@ -105,14 +105,14 @@ class ParamSwapper:
         return self.lanes[device]
 
     # ---- moves -------------------------------------------------------------------------
-    def _out(self, s: _Slot) -> None:
+    def _out(self, s: _Slot, step_start: bool = False) -> None:
         """Copy p to its host run if it may have changed, then free its device storage.
 
-        Trainable parameters are copied every time (an optimizer's kernel need not bump
-        the version counter); frozen ones only when their version moved."""
+        At a forward's start trainable parameters are copied every time (an optimizer's
+        kernel need not bump the version counter); otherwise only when the version moved."""
         p = s.param
         lanes = self._lanes(p.device)
-        if p.requires_grad or s.version != p._version:
+        if (step_start and p.requires_grad) or s.version != p._version:
             if lanes.cuda:
                 d2h = lanes.d2h
                 d2h.wait_stream(torch.cuda.current_stream(p.device))  # stream wait: p's last writes
@@ -189,7 +189,7 @@ class ParamSwapper:
         self._node_hooks = []  # the previous forward's graph keeps its hooks; see close()
         for s in self.slots.values():
             if s.on_device:
-                self._out(s)
+                self._out(s, step_start=True)
 
     def _pre(self, u: int) -> None:
         if u not in self._pos:
