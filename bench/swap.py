@@ -432,7 +432,7 @@ def main() -> None:
                          "error": error_text(e)})
     bar.close()
     for r in rows:
-        r.update(cap_gb=round(args.cap / GB, 2), image=args.image)
+        r.update(cap_gib=round(args.cap / 2**30, 2), image=args.image)
     result = {
         "benchmark": "swap", "command": "python3 bench/swap.py " + " ".join(sys.argv[1:]),
         "commit": commit(), "machine": machine,
