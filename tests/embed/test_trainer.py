@@ -131,3 +131,30 @@ def test_bad_configuration_is_refused_in_one_line():
     with pytest.raises(OutcoreError, match="need at least 4 partitions"):
         EmbeddingTrainer(EmbedConfig(devices=["cpu", "cpu"], partitions=2, progress=False)).fit(
             (np.array([0, 1, 2, 3]), np.array([1, 2, 3, 0])))
+
+
+def _torchrun_rank(rank, port, path, out):
+    import os
+    os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    src, dst, labels = generate(GraphSpec(600, 8000, communities=4, mixing=0.1, seed=8))
+    tr = EmbeddingTrainer(EmbedConfig(dim=16, epochs=2, batch_size=1024, partitions=4,
+                                      devices=["cpu"], progress=False, table_path=path))
+    tr.fit((src, dst), num_nodes=600)
+    if tr.rank == 0:
+        np.save(out, tr.embeddings().numpy())
+        np.save(out + ".edges.npy", np.array([s["edges"] for s in tr.rank_stats]))
+
+
+def test_ranks_started_like_torchrun_share_one_table(tmp_path):
+    import socket
+    import torch.multiprocessing as mp
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = str(tmp_path / "emb.npy")
+    mp.spawn(_torchrun_rank, args=(port, str(tmp_path / "table.bin"), out), nprocs=2)
+    per_rank = np.load(out + ".edges.npy")
+    assert len(per_rank) == 2 and per_rank.min() > 0 and per_rank.sum() == 2 * 8000
+    _, _, labels = generate(GraphSpec(600, 8000, communities=4, mixing=0.1, seed=8))
+    assert node_classification(np.load(out), labels)["micro_f1"] >= 0.9

@@ -15,6 +15,8 @@ from ..units import parse_bytes
 EPILOG = """examples:
   outcore embed edges.tsv --dim 128 --epochs 10 --out emb.npy
   outcore embed edges.tsv --devices cuda:0,cuda:1 --gpu-memory 40GiB --out emb.safetensors
+  torchrun --nproc-per-node 2 -m outcore.cli embed edges.tsv --out emb.npy   (one rank a GPU;
+      across machines give --table-path on a filesystem all of them share)
   outcore embed eval --embeddings emb.npy --edges test.tsv --labels labels.tsv
 Row i of the output is node i (integer ids 0..N-1); with string ids the mapping is written
 beside it as OUT.ids.tsv. Directed runs write 2*dim columns: source vectors, then target."""
@@ -121,6 +123,8 @@ def run_train(args) -> int:
     trainer = EmbeddingTrainer(cfg)
     try:
         trainer.fit(el)
+        if trainer.rank != 0:
+            return 0                  # under torchrun, rank 0 writes and reports
         files = trainer.save(args.out, args.format)
         print(trainer.describe())
         print("wrote " + ", ".join(files))

@@ -1,7 +1,9 @@
 """One process per device through torch.distributed (gloo for barriers, a TCPStore for the
-bucket scheduler), launched by `spawn_fit` from one process or by torchrun (`worker_main`
-under RANK/WORLD_SIZE). The host table is a memory-mapped file all ranks map; each rank
-writes back a partition before releasing its lock, so the next holder reads it whole."""
+bucket scheduler), launched by `spawn_fit` from one process, or by torchrun (each rank
+calls `fit`, which finds RANK/WORLD_SIZE and goes to `torchrun_fit`), also across machines.
+The host table is a memory-mapped file all ranks map (across machines: a path on a shared
+filesystem, --table-path); each rank writes back a partition before releasing its lock, so
+the next holder reads it whole."""
 
 from __future__ import annotations
 
@@ -30,7 +32,8 @@ def _free_port() -> int:
 def run_rank(rank: int, world: int, cfg: EmbedConfig, device: str, table_args: dict,
              capacity: int, src, dst, weight, num_nodes: int, addr: str, port: int) -> dict:
     """Train as `rank`: open the shared table, join the scheduler, run every epoch."""
-    if not dist.is_initialized():
+    own = not dist.is_initialized()
+    if own:
         dist.init_process_group("gloo", init_method=f"tcp://{addr}:{port}", rank=rank,
                                 world_size=world)
     store = dist.TCPStore(addr, port + 1, world, rank == 0, wait_for_workers=False)
@@ -69,8 +72,47 @@ def run_rank(rank: int, world: int, cfg: EmbedConfig, device: str, table_args: d
            "train_s": time.perf_counter() - t0}
     gathered = [None] * world
     dist.all_gather_object(gathered, out)
-    dist.destroy_process_group()
+    if own:
+        dist.destroy_process_group()
     return gathered
+
+
+def under_torchrun() -> bool:
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1 and "RANK" in os.environ
+
+
+def torchrun_fit(trainer, el, plan, table_kwargs: dict):
+    """This process is one rank of a torchrun job: rank 0 creates the shared table file,
+    every rank trains through `run_rank`; returns (positives trained, loss per epoch)."""
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local = int(os.environ.get("LOCAL_RANK", rank))
+    addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
+    port = int(os.environ.get("MASTER_PORT", "29500"))
+    cfg = trainer.cfg
+    if cfg.devices:
+        device = str(cfg.devices[local % len(cfg.devices)])
+    else:
+        device = f"cuda:{local}" if torch.cuda.is_available() else "cpu"
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", init_method="env://", rank=rank, world_size=world)
+    path = cfg.table_path or os.path.join("/dev/shm" if os.path.isdir("/dev/shm")
+                                          else tempfile.gettempdir(),
+                                          f"outcore-embed-{addr}-{port}.bin")
+    table_args = dict(table_kwargs, path=path)
+    if rank == 0:
+        EmbeddingTable(**table_args, create=True).flush()
+    dist.barrier()                       # the file exists before the others map it
+    res = run_rank(rank, world, cfg, device, table_args, plan.capacity, el.src, el.dst,
+                   el.weight, el.num_nodes, addr, port)
+    trainer.table = EmbeddingTable(**table_args, create=False)
+    trainer.rank = rank
+    trainer._temp_table = rank == 0 and not cfg.table_path
+    trainer.rank_stats = res
+    trainer.epoch_s = [max(r["epoch_s"][e] for r in res) for e in range(cfg.epochs)]
+    done = sum(r["edges"] for r in res)
+    per_epoch = [sum(r["loss"][e] for r in res) / max(done / cfg.epochs, 1)
+                 for e in range(cfg.epochs)]
+    return done, per_epoch
 
 
 def _spawn_entry(rank, world, cfg, devices, table_args, capacity, data_path, num_nodes,

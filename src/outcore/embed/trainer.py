@@ -77,6 +77,7 @@ class EmbeddingTrainer:
         self.summary: dict = {}
         self.record = None            # test hook, see Worker.record
         self.names = None
+        self.rank = 0                 # under torchrun: this process's rank
 
     def _storage_path(self, table_bytes: int, shared: bool) -> str | None:
         cfg = self.cfg
@@ -100,21 +101,27 @@ class EmbeddingTrainer:
         el = as_edgelist(edges, num_nodes)
         self.names = el.names
         self.cfg = cfg = self.cfg.resolved(len(el))
+        from .dist import spawn_fit, torchrun_fit, under_torchrun
+        torchrun = under_torchrun()
         devices = resolve_devices(cfg.devices)
-        world = len(devices)
+        world = int(os.environ["WORLD_SIZE"]) if torchrun else len(devices)
         budget = device_budget(cfg, devices[0])
         self.plan = plan = make_plan(cfg, el.num_nodes, world, budget, len(el))
         P = plan.partitions
-        path = self._storage_path(plan.table_bytes, shared=world > 1)
-        self.table = EmbeddingTable(el.num_nodes, cfg.dim, P, cfg.sides, state_cols(cfg),
-                                    path=path, init_scale=cfg.init_scale, seed=cfg.seed)
-        self._temp_table = path is not None and not cfg.table_path
+        table_kwargs = dict(num_nodes=el.num_nodes, dim=cfg.dim, partitions=P, sides=cfg.sides,
+                            state_cols=state_cols(cfg), init_scale=cfg.init_scale, seed=cfg.seed)
         t0 = time.perf_counter()
-        if world == 1:
-            done, losses = self._fit_local(el, devices[0], plan)
+        if torchrun:
+            done, losses = torchrun_fit(self, el, plan, table_kwargs)
         else:
-            from .dist import spawn_fit
-            done, losses = spawn_fit(self, el, devices, plan)
+            path = self._storage_path(plan.table_bytes, shared=world > 1)
+            self.table = EmbeddingTable(**table_kwargs, path=path)
+            self._temp_table = path is not None and not cfg.table_path
+            t0 = time.perf_counter()
+            if world == 1:
+                done, losses = self._fit_local(el, devices[0], plan)
+            else:
+                done, losses = spawn_fit(self, el, devices, plan)
         wall = time.perf_counter() - t0
         self.summary = {
             "nodes": el.num_nodes, "edges": len(el), "epochs": cfg.epochs,
