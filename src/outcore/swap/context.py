@@ -52,6 +52,7 @@ class Swap:
         self._stack: list[saved_tensors_hooks] = []
         self._depth = 0
         self.closed = False
+        self._final: SwapReport | None = None
         self.params = None
         self._handles = [model.register_forward_pre_hook(self._enter)]
         try:
@@ -96,7 +97,10 @@ class Swap:
 
     # ---- public ---------------------------------------------------------------------------
     def report(self) -> SwapReport:
-        """Counters so far (waits for pending copy timings: a host sync)."""
+        """Counters so far (waits for pending copy timings: a host sync); after close(),
+        the counters as they were at close."""
+        if self._final is not None:
+            return self._final.snapshot()
         self.clock.fold(block=True)
         self._report.host_reserved_bytes = self.store.reserved_bytes
         self._report.host_peak_bytes = self.store.peak_in_use_bytes
@@ -121,7 +125,7 @@ class Swap:
         self.acts.finish()
         if self.params is not None:
             self.params.close()
-        self.report()
+        self._final = self.report()
         if self._own_store:
             self.store.release()
 
