@@ -92,3 +92,23 @@ def test_bf16_compute_trains_close_to_fp32():
     assert abs(got - want) < 0.05 * abs(want)
     assert all(p.dtype == torch.float32 for p in engine.model.parameters())
     engine.close()
+
+
+@pytest.mark.parametrize("family", ["decoder", "gpt2"])
+def test_device_side_updates_match(family):
+    """Groups updated by the device path (m, v streamed) equal torch's AdamW too."""
+    torch.manual_seed(1)
+    model = make(family)
+    ref = copy.deepcopy(model)
+    gen = torch.Generator().manual_seed(2)
+    batches = [batch_for(family, gen) for _ in range(3)]
+    want = plain_steps(ref, batches, None, None)
+    engine = outcore.Engine(model, optimizer=outcore.AdamW(lr=LR, eps=EPS, weight_decay=WD),
+                            device="cpu", micro_batch_size=2, gpu_updates=2)
+    assert engine.updater.groups == {0, 1, 2}
+    got = [engine.train_step(b) for b in batches]
+    assert got == pytest.approx(want, rel=1e-5)
+    ours = dict(engine.model.named_parameters())
+    for name, p in ref.named_parameters():
+        assert rel(ours[name].detach(), p.detach()) < 1e-4, name
+    engine.close()

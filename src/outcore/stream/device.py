@@ -64,10 +64,11 @@ class DeviceCache:
         n = sum(1 for s in self.slots if s.group >= 0 and s.version == self.versions[s.group])
         self.max_in_flight = max(self.max_in_flight, n)
 
-    def prefetch(self, g: int, master: torch.Tensor) -> None:
+    def prefetch(self, g: int, master: torch.Tensor, after=None) -> None:
         """Start copying group g's master weights into a slot (no-op if already there).
 
-        The caller must have ensured the host master is final (its pending update done).
+        The caller must have ensured the host master is final (its pending CPU update
+        done); `after` is the event of a pending device->host write of it, if any.
         """
         if g <= 0 or g >= len(self.numels) or self._find(g) is not None:
             return
@@ -81,17 +82,19 @@ class DeviceCache:
             # Stream wait: the copy may not overwrite the slot before the compute that
             # last read it has finished.
             self.lanes.wait(self.lanes.h2d, s.free_after)
+            # Stream wait: a device-side update of g may still be writing the host master.
+            self.lanes.wait(self.lanes.h2d, after)
             s.buf[:n].copy_(master, non_blocking=True)
             s.ready = self.lanes.event(self.lanes.h2d)
         s.group, s.version = g, self.versions[g]
         self.bytes_h2d += n * 4
         self._count_in_flight()
 
-    def acquire(self, g: int, master: torch.Tensor) -> torch.Tensor:
+    def acquire(self, g: int, master: torch.Tensor, after=None) -> torch.Tensor:
         """Group g's weights on the device (fp32, flat), usable on the compute stream."""
         s = self._find(g)
         if s is None:
-            self.prefetch(g, master)
+            self.prefetch(g, master, after)
             s = self._find(g)
             if s is None:
                 raise RuntimeError("outcore: no free device slot (internal error)")
@@ -102,12 +105,22 @@ class DeviceCache:
         self._lru[id(s)] = self._tick
         return s.buf[: self.numels[g]]
 
-    def release(self, g: int) -> None:
-        """Compute has enqueued its last use of group g's slot."""
+    def release(self, g: int, free_after=None) -> None:
+        """Compute has enqueued its last use of group g's slot (or `free_after`: the event
+        after which nothing reads it any more, e.g. a device->host copy of its update)."""
         for s in self.slots:
             if s.group == g and s.pinned:
                 s.pinned = False
-                s.free_after = self.lanes.event()
+                s.free_after = free_after if free_after is not None else self.lanes.event()
+
+    def updated_in_place(self, g: int) -> None:
+        """Group g was updated on the device, in its slot: the slot stays valid."""
+        self.versions[g] += 1
+        if g == 0:
+            self.rest_version = self.versions[0]
+        for s in self.slots:
+            if s.group == g:
+                s.version = self.versions[g]
 
     def acquire_rest(self, master: torch.Tensor) -> torch.Tensor:
         """The `rest` group on the device, reloaded when its master changed."""

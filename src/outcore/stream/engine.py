@@ -27,6 +27,7 @@ from ..transfer import Lanes, host_wait
 from ..units import parse_bytes
 from .blocks import build_groups, find_blocks
 from .device import DeviceCache
+from .device_update import DeviceUpdater
 from .optimizer import AdamW, GroupOptimizers
 from .runner import BlockFn, BlockRunner
 from .schedule import UpdateSchedule
@@ -41,7 +42,8 @@ class Engine:
     def __init__(self, model: nn.Module, optimizer: AdamW | None = None, device="cpu",
                  compute_dtype: torch.dtype | None = None, micro_batch_size: int | None = None,
                  max_grad_norm: float | None = None, gpu_memory: str | int | None = None,
-                 blocks: str | None = None, distributed: bool = False, verbose: bool = False):
+                 blocks: str | None = None, gpu_updates: int | str | None = "auto",
+                 distributed: bool = False, verbose: bool = False):
         self.device = resolve_device(device)
         if compute_dtype is None:
             compute_dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
@@ -74,6 +76,13 @@ class Engine:
         self.schedule = UpdateSchedule(self._apply_update)
         self.timer = ComputeTimer(self.lanes.cuda)
         self.stats = StepStats()
+        self.updater = DeviceUpdater(self)
+        self.host_ready = self.updater.ready_events
+        self.gpu_updates = self._check_gpu_updates(gpu_updates)
+        if isinstance(self.gpu_updates, int) and self.gpu_updates > 0:
+            self.updater.enable(range(min(len(self.groups), self.gpu_updates + 1)))
+        self._cpu_busy_s = 0.0
+        self._cpu_params = 0
         self.step_count = 0
         self.in_train_step = False
         self._forward_params = inspect.signature(self._model.forward).parameters
@@ -90,6 +99,7 @@ class Engine:
                                                        self.device)
         from .plan import check_fits, describe
         check_fits(self)
+        self.verbose = verbose
         if verbose:
             print(describe(self))
 
@@ -103,6 +113,22 @@ class Engine:
     def synchronize(self) -> None:
         """Wait until every pending optimizer update has been applied."""
         self.schedule.wait_all()
+        self.updater.synchronize()
+
+    def _check_gpu_updates(self, v):
+        if v in (None, 0, "off"):
+            return 0
+        if v == "auto":
+            # Device-side updates cannot wait for a global norm without holding gradients
+            # on the device, so clipping keeps every update on the CPU.
+            return "auto" if self.lanes.cuda and self.max_grad_norm is None else 0
+        if isinstance(v, int) and v >= 0:
+            if self.max_grad_norm is not None:
+                raise OutcoreError("gpu_updates > 0 cannot be combined with max_grad_norm: "
+                                   "clipping needs every gradient before any update")
+            return v
+        raise OutcoreError(f"gpu_updates={v!r}: use 'auto', 0 or the number of blocks to "
+                           "update on the device")
 
     def set_lr(self, lr: float) -> None:
         """Learning rate for the updates of the next step (and any still pending)."""
@@ -151,17 +177,28 @@ class Engine:
             t = time.perf_counter()
             self.schedule.wait(g)  # host wait: block g's update from the last step
             self.stats.optimizer_wait_s += time.perf_counter() - t
-            self.cache.prefetch(g, self.host.master[g])
+            self.cache.prefetch(g, self.host.master[g], self.host_ready.get(g))
 
     def prefetch_backward(self, g: int) -> None:
         if g >= 1:
             self.cache.prefetch(g, self.host.master[g])
             self.stash.prefetch(g)
+        self.updater.prefetch(g)
 
-    def grad_ready(self, g: int, grad: torch.Tensor) -> None:
-        """Group g's gradient (fp32, flat, on the device) is final for this step."""
+    def grad_ready(self, g: int, grad: torch.Tensor, w32: torch.Tensor | None = None) -> None:
+        """Group g's gradient (fp32, flat, on the device) is final for this step.
+
+        w32: the fp32 weights of g on the device (its slot; `rest`'s buffer for g=0).
+        """
         sq = grad.pow(2).sum().reshape(1)
         self._sq.append(sq)
+        if g in self.updater.groups:
+            done = self.updater.update(g, w32, grad, sq)
+            if g:
+                self.cache.release(g, free_after=done)
+            return
+        if g:
+            self.cache.release(g)
         hbuf = self.host.grad_pool.get(grad.numel(), torch.float32)
         hsq = self.host.grad_pool.get(1, torch.float32)
         with self.lanes.on(self.lanes.d2h):
@@ -177,14 +214,21 @@ class Engine:
         self.cache.invalidate(g)
         self.schedule.submit(g, (hbuf, hsq, done))
 
+    def nonfinite_check(self, g: int, sq: torch.Tensor) -> bool:
+        ok = bool(torch.isfinite(sq).all())
+        if not ok:
+            self._nonfinite_groups.append(g)
+        return ok
+
     def _apply_update(self, g: int, payload, scale: float) -> None:
         """Worker thread: wait for group g's gradient to land, then run AdamW on it."""
         hbuf, hsq, done = payload
         host_wait(done)  # host sync (worker thread only): the d2h copy must have landed
-        if torch.isfinite(hsq).all():
+        t = time.perf_counter()
+        if self.nonfinite_check(g, hsq):
             self.opt.step(g, hbuf, scale)
-        else:
-            self._nonfinite_groups.append(g)
+        self._cpu_busy_s += time.perf_counter() - t
+        self._cpu_params += hbuf.numel()
         self.host.grad_pool.put(hbuf)
         self.host.grad_pool.put(hsq)
 
@@ -228,13 +272,16 @@ class Engine:
             except (TypeError, ValueError, KeyError, IndexError) as e:
                 raise OutcoreError(f"the model's forward rejected the batch (keys "
                                    f"{sorted(batch)}): {str(e).splitlines()[0]}") from None
-            loss = self._loss(out, batch, loss_fn)
+            dev_batch = {k: kwargs[k] if k in kwargs else
+                         (v.to(self.device, non_blocking=True) if isinstance(v, torch.Tensor)
+                          else v) for k, v in batch.items()}
+            loss = self._loss(out, dev_batch, loss_fn)
         # Every update of the last step has been waited for by this forward, so holding
         # (clipping) now cannot starve it.
         self.schedule.begin_backward(hold=self.max_grad_norm is not None)
         loss.backward()
         if rest.numel():
-            self.grad_ready(0, rest.grad)
+            self.grad_ready(0, rest.grad, self.cache.rest)
         return loss.detach()
 
     def _loss(self, out, batch, loss_fn) -> torch.Tensor:
@@ -278,6 +325,15 @@ class Engine:
             peak = torch.cuda.max_memory_allocated(self.device)
             self._other_peak = peak - self.stash.peak_device_bytes
         self.stash.peak_device_bytes = 0
+        if self.gpu_updates == "auto" and self.step_count in (2, 4, 8, 16):
+            self.schedule.wait_all()  # host wait: the CPU's busy time of this step is final
+            added = self.updater.plan(self.stats.step_s, self.stats.optimizer_wait_s,
+                                      self._cpu_busy_s, self._cpu_params)
+            if added and self.verbose:
+                print(f"outcore: AdamW of groups {added} moves to the device (CPU updated "
+                      f"{self._cpu_params / 1e6:.0f}M params in {self._cpu_busy_s:.2f} s, "
+                      f"step {self.stats.step_s:.2f} s)")
+        self._cpu_busy_s, self._cpu_params = 0.0, 0
         self.stats.history.append({"step": self.step_count, "loss": loss,
                                    "step_s": self.stats.step_s,
                                    "host_peak_bytes": host_peak_rss_bytes()})

@@ -11,6 +11,7 @@ import concurrent.futures as cf
 from dataclasses import dataclass
 
 import torch
+from torch.optim.adamw import adamw as _torch_adamw
 
 from ..errors import OutcoreError
 
@@ -36,57 +37,79 @@ class AdamW:
             raise OutcoreError(f"AdamW weight_decay={self.weight_decay} must be >= 0")
 
 
-def _fused_available() -> bool:
+def _fused_cpu_available() -> bool:
     try:
-        p = torch.zeros(2, requires_grad=True)
-        p.grad = torch.zeros(2)
-        torch.optim.AdamW([p], fused=True).step()
+        p = torch.zeros(2)
+        _adamw([p], [torch.zeros(2)], [torch.zeros(2)], [torch.zeros(2)], [torch.zeros(())],
+               lr=0.1, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.0, fused=True)
         return True
     except (RuntimeError, TypeError):
         return False
 
 
-class GroupOptimizers:
-    """One torch AdamW per group, over the group's flat master buffer.
+def _adamw(params, grads, m, v, steps, *, lr, betas, eps, weight_decay, fused,
+           found_inf=None):
+    """torch's functional AdamW (the code behind torch.optim.AdamW), fused when asked."""
+    _torch_adamw(params, grads, m, v, [], steps, foreach=None if fused else True,
+                            fused=fused or None, found_inf=found_inf, amsgrad=False,
+                            beta1=betas[0], beta2=betas[1], lr=lr, weight_decay=weight_decay,
+                            eps=eps, maximize=False)
 
-    master[g] (fp32, n_g) is wrapped as a leaf tensor whose .grad is set to the landing
-    buffer of the step before `step(g)`. m and v (2 x 4 bytes/param) are torch's state.
+
+class GroupOptimizers:
+    """AdamW state per group, flat and host-resident, updated on the CPU or on a device.
+
+    m[g], v[g]: fp32, n_g (exp_avg, exp_avg_sq); steps[g]: fp32 scalar (torch's layout).
+    AdamW is elementwise, so updating the flat buffer is exactly torch.optim.AdamW's update
+    of the separate parameters. `step` runs on the CPU (a worker thread); `device_step`
+    runs on the device on the group's weights already there (m and v streamed in and out).
     """
 
     def __init__(self, masters: list[torch.Tensor], cfg: AdamW):
         self.cfg = cfg
-        fused = _fused_available()
-        self.leaves = [torch.nn.Parameter(m, requires_grad=True) for m in masters]
-        kw = dict(lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay)
-        self.opts = [torch.optim.AdamW([leaf], **kw, **({"fused": True} if fused else {}))
-                     for leaf in self.leaves]
-        self.fused = fused
+        self.lr = cfg.lr
+        self.masters = masters
+        self.m = [torch.zeros_like(x) for x in masters]
+        self.v = [torch.zeros_like(x) for x in masters]
+        self.steps = [torch.zeros(()) for _ in masters]
+        self.fused = _fused_cpu_available()
 
     def set_lr(self, lr: float) -> None:
-        for o in self.opts:
-            for pg in o.param_groups:
-                pg["lr"] = lr
+        self.lr = lr
+
+    def _kw(self) -> dict:
+        c = self.cfg
+        return dict(lr=self.lr, betas=c.betas, eps=c.eps, weight_decay=c.weight_decay)
 
     def step(self, g: int, grad: torch.Tensor, scale: float = 1.0) -> None:
-        """Update group g with `grad` (fp32, flat; multiplied by `scale` first if != 1)."""
-        if g >= len(self.opts) or self.leaves[g].numel() == 0:
+        """Update group g on the CPU with `grad` (fp32, flat; times `scale` first if != 1)."""
+        if self.masters[g].numel() == 0:
             return
         if scale != 1.0:
             grad.mul_(scale)
-        self.leaves[g].grad = grad
-        self.opts[g].step()
-        self.leaves[g].grad = None
+        _adamw([self.masters[g]], [grad], [self.m[g]], [self.v[g]], [self.steps[g]],
+               fused=self.fused, **self._kw())
+
+    def device_step(self, g: int, w: torch.Tensor, grad: torch.Tensor, m: torch.Tensor,
+                    v: torch.Tensor, found_inf: torch.Tensor) -> None:
+        """Update group g on the device: w (fp32 weights), m, v in place; enqueued on the
+        current stream, no host sync. Skipped by the kernel when found_inf != 0."""
+        step = torch.full((), float(self.steps[g]), device=w.device)
+        _adamw([w], [grad], [m], [v], [step], fused=True, found_inf=found_inf, **self._kw())
+        self.steps[g] += 1  # host copy of the count (the device one is discarded)
 
     def state_bytes(self) -> int:
-        return sum(2 * 4 * leaf.numel() for leaf in self.leaves)
+        return sum(2 * 4 * x.numel() for x in self.masters)
 
     def state_tensors(self, g: int) -> dict[str, torch.Tensor]:
-        """exp_avg, exp_avg_sq and step of group g ({} before the first step)."""
-        return dict(self.opts[g].state.get(self.leaves[g], {}))
+        """exp_avg, exp_avg_sq and step of group g."""
+        return {"exp_avg": self.m[g], "exp_avg_sq": self.v[g], "step": self.steps[g]}
 
     def load_state_tensors(self, g: int, st: dict[str, torch.Tensor]) -> None:
         if st:
-            self.opts[g].state[self.leaves[g]] = {k: v.clone() for k, v in st.items()}
+            self.m[g].copy_(st["exp_avg"].reshape(-1))
+            self.v[g].copy_(st["exp_avg_sq"].reshape(-1))
+            self.steps[g].copy_(st["step"].reshape(()))
 
 
 class Worker:

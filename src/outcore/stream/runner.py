@@ -72,15 +72,16 @@ class BlockRunner:
         self.tuple_len[g] = n
         return t
 
-    def _weights(self, g: int) -> torch.Tensor:
-        """Group g's weights in compute dtype (one cast per block per pass)."""
-        w32 = self.e.cache.acquire(g, self.e.host.master[g])
-        return w32 if self.e.compute_dtype == torch.float32 else w32.to(self.e.compute_dtype)
+    def _weights(self, g: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Group g's weights: (fp32 slot, compute-dtype view or cast; one cast per pass)."""
+        w32 = self.e.cache.acquire(g, self.e.host.master[g], self.e.host_ready.get(g))
+        w = w32 if self.e.compute_dtype == torch.float32 else w32.to(self.e.compute_dtype)
+        return w32, w
 
     # -- forward ----------------------------------------------------------------
     def forward_block(self, g: int, hidden: torch.Tensor, extra):
         e = self.e
-        w = self._weights(g)
+        _, w = self._weights(g)
         B = hidden.shape[0]
         n, size = n_micro(B, e.micro_batch_size)
         hs = split_like(hidden, B, n, size)
@@ -105,7 +106,7 @@ class BlockRunner:
                        input_grad: bool = True):
         e = self.e
         hidden = e.stash.take(g)
-        w = self._weights(g)
+        w32, w = self._weights(g)
         # Prefetch block g-1's weights and checkpoint while this block computes.
         e.prefetch_backward(g - 1)
         B = hidden.shape[0]
@@ -129,8 +130,7 @@ class BlockRunner:
             if input_grad:
                 grads_in.append(grads[1] if grads[1] is not None else torch.zeros_like(h))
         e.timer.stop(t)
-        e.cache.release(g)
-        e.grad_ready(g, grad_w)
+        e.grad_ready(g, grad_w, w32)
         if not input_grad:
             return None
         return grads_in[0] if n == 1 else torch.cat(grads_in, dim=0)
