@@ -24,10 +24,10 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 
-CASES = {  # name: (model size, tokens per step, micro batch rows for outcore)
-    "1b-16k": ("1b", 16384, 4),
-    "3b-16k": ("3b", 16384, 4),
-    "7b-16k": ("7b", 16384, 4),
+CASES = {  # name: (model size, tokens per step, micro batch rows for outcore; 0 = whole)
+    "1b-16k": ("1b", 16384, 0),
+    "3b-16k": ("3b", 16384, 0),
+    "7b-16k": ("7b", 16384, 0),
     "3b-64k": ("3b", 65536, 8),
 }
 SEQ = 2048
@@ -52,7 +52,8 @@ def run_outcore(args) -> dict:
     model = make_model(args.size, args.layers)
     n = sum(p.numel() for p in model.parameters())
     eng = outcore.Engine(model, optimizer=outcore.AdamW(lr=1e-4, weight_decay=0.0),
-                         device="cuda", micro_batch_size=args.micro, max_grad_norm=None,
+                         device="cuda", micro_batch_size=args.micro or None,
+                         max_grad_norm=None,
                          gpu_memory=args.gpu_memory, verbose=True)
     b = batch(model.cfg.vocab, args.tokens, args.seq)
     times, split, losses = [], [], []
@@ -74,7 +75,8 @@ def run_outcore(args) -> dict:
             "peak_gpu_gb": torch.cuda.max_memory_reserved() / 1e9,
             "peak_gpu_allocated_gb": eng.stats.peak_device_bytes / 1e9,
             "host_bytes_per_param": eng.host_bytes_per_param(),
-            "gpu_optimizer_blocks": getattr(eng, "gpu_update_blocks", 0)}
+            "device_updated_groups": sorted(eng.updater.groups),
+            "device_updated_params": sum(eng.groups[g].numel for g in eng.updater.groups)}
 
 
 class _Ckpt(torch.nn.Module):
@@ -245,7 +247,7 @@ def main() -> None:
     if args.largest != "0" and "outcore" in args.systems:
         layers = largest_layers() if args.largest == "auto" else int(args.largest)
         print(f"== outcore largest ({layers} layers of the 7b shape)", flush=True)
-        r = spawn("outcore", "largest", "7b", 16384, 4,
+        r = spawn("outcore", "largest", "7b", 16384, 0,
                   ["--steps", "3", "--warmup", "1", "--gpu-memory", args.gpu_memory,
                    "--layers", str(layers)], args.timeout * 2)
         losses = r.get("losses") or []
