@@ -194,13 +194,24 @@ def _read_text(path, header, string_ids, threads, chunk_bytes):
         where = _line_lookup(path, [len(v) for v in parts], where_parts)
         return src, dst, w, names, where, stats
     workers = threads or min(16, os.cpu_count() or 1)
+
+    def take(first, fut):
+        v, ln = fut.result()
+        # ids < 2**31 are kept as int32 right away: a 1e9-edge file then needs 8 GB, not 16
+        if not weighted and v.size and v.max() < 2**31 and v.min() >= -2**31:
+            v = v.astype(np.int32)
+        parts.append(v)
+        where_parts.append((first, ln))
+
     with ThreadPoolExecutor(workers) as pool:
-        futs = [(first, pool.submit(parse_numeric_chunk, buf, ncols, first, path, weighted))
-                for buf, first in _chunks(path, offset, lineno, chunk_bytes)]
-        for first, fut in futs:
-            v, ln = fut.result()
-            parts.append(v)
-            where_parts.append((first, ln))
+        window: list = []                  # chunks in flight: bounded, so memory is too
+        for buf, first in _chunks(path, offset, lineno, chunk_bytes):
+            window.append((first, pool.submit(parse_numeric_chunk, buf, ncols, first, path,
+                                              weighted)))
+            if len(window) > 2 * workers:
+                take(*window.pop(0))
+        for item in window:
+            take(*item)
     vals = np.concatenate(parts) if parts else np.zeros((0, ncols))
     where = _line_lookup(path, [len(v) for v in parts], where_parts)
     if weighted:
