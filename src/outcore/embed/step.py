@@ -98,12 +98,14 @@ def num_chunks(batch: int, chunk: int) -> int:
     return batch // C + (1 if batch % C else 0)
 
 
-def _softmax_side(A, Bp, Ns, pos, batch_negs: bool):
-    """One corruption of dot-score softmax, gradients by hand.
+def _softmax_side(A, Bp, Ns, pos, batch_negs: bool, dA, dB, dNs, first: bool):
+    """One corruption of dot-score softmax, gradients by hand, written into dA, dB, dNs.
 
     A, Bp: k x c x d (anchors and their positive partners), Ns: k x M x d, pos: k x c.
-    Returns (loss, dA, dB, dNs). The score blocks are written once by bmm and then turned
-    into probabilities in place (exp, divide): no autograd copies of k x c x (c + M).
+    The score blocks are written once by bmm and turned into probabilities in place (exp,
+    scale): no autograd copies of k x c x (c + M). `first` sets dA and dB, otherwise this
+    side's gradients are added to them (the other corruption wrote them): no extra pass.
+    Returns the summed loss.
     """
     k, c, _ = A.shape
     blocks = []
@@ -123,9 +125,12 @@ def _softmax_side(A, Bp, Ns, pos, batch_negs: bool):
     loss = (m + torch.log(total) - pos).sum()
     inv = total.reciprocal_().unsqueeze(-1)
     w = (p0 * inv.squeeze(-1) - 1).unsqueeze(-1)                 # dloss/dpos
-    dA = w * Bp
-    dB = w * A
-    dNs = None
+    if first:
+        torch.mul(w, Bp, out=dA)
+        torch.mul(w, A, out=dB)
+    else:
+        dA.addcmul_(w, Bp)
+        dB.addcmul_(w, A)
     i = 0
     if batch_negs and c > 1:
         Pb = blocks[0].mul_(inv)                                 # probabilities, in place
@@ -135,10 +140,10 @@ def _softmax_side(A, Bp, Ns, pos, batch_negs: bool):
     if Ns.shape[1] > 0:
         Ps = blocks[i].mul_(inv)
         dA.baddbmm_(Ps, Ns)
-        dNs = torch.bmm(Ps.transpose(1, 2), A)
+        torch.bmm(Ps.transpose(1, 2), A, out=dNs)
     else:
-        dNs = Ns.new_zeros(Ns.shape)
-    return loss, dA, dB, dNs
+        dNs.zero_()
+    return loss
 
 
 def softmax_dot_grads(U, V, NU, NV, spec: LossSpec):
@@ -157,14 +162,11 @@ def softmax_dot_grads(U, V, NU, NV, spec: LossSpec):
             continue
         c = C if lo == 0 else hi - lo
         u, v = U[lo:hi].view(-1, c, d), V[lo:hi].view(-1, c, d)
+        du, dv = dU[lo:hi].view(-1, c, d), dV[lo:hi].view(-1, c, d)
         pc = pos[lo:hi].view(-1, c)
-        l1, dA1, dB1, dN1 = _softmax_side(u, v, NV[ks], pc, spec.batch_negatives)
-        l2, dA2, dB2, dN2 = _softmax_side(v, u, NU[ks], pc, spec.batch_negatives)
-        torch.add(dA1, dB2, out=dU[lo:hi].view(-1, c, d))
-        torch.add(dB1, dA2, out=dV[lo:hi].view(-1, c, d))
-        dNV[ks] = dN1
-        dNU[ks] = dN2
-        total = total + l1 + l2
+        bn = spec.batch_negatives
+        total = total + _softmax_side(u, v, NV[ks], pc, bn, du, dv, dNV[ks], first=True)
+        total = total + _softmax_side(v, u, NU[ks], pc, bn, dv, du, dNU[ks], first=False)
     return total, dU, dV, dNU, dNV
 
 
