@@ -303,7 +303,7 @@ def case(res: Results, system: str, name: str, fn, deadline: float, need_s: floa
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog="Duration: about 8 min on one H200, 5 min on two; "
                                  "--smoke about 1 min on a CPU.")
     ap.add_argument("--smoke", action="store_true", help="tiny sizes on the CPU, every path")
@@ -312,6 +312,11 @@ def main() -> int:
                     "GPU, 290 s on two, 300 s smoke)")
     ap.add_argument("--out", help="results file (default bench/results/embed-<machine>.json)")
     ap.add_argument("--skip-pbg", action="store_true")
+    ap.add_argument("--cases", help="comma list of groups to run: check,quality,throughput,"
+                    "biggest (default: all that fit the machine)")
+    ap.add_argument("--big-nodes", type=int, help="nodes of the biggest case (default 1e8, "
+                    "shrunk to free host memory)")
+    ap.add_argument("--big-edges", type=int, help="edges of the biggest case (default 2e9)")
     ap.add_argument("--_child", nargs=2, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args._child:
@@ -333,6 +338,11 @@ def main() -> int:
                        else os.path.join(HERE, "results", f"embed-{short}.json"))
     res = Results(out, machine, "python3 bench/embed.py " + " ".join(sys.argv[1:]))
     S = sizes(not cuda, gpus)
+    forced = args.big_nodes is not None or args.big_edges is not None
+    S["big_nodes"] = args.big_nodes or S["big_nodes"]
+    S["big_edges"] = args.big_edges or S["big_edges"]
+    S["big_forced"] = forced
+    groups = set((args.cases or "check,quality,throughput,biggest").split(","))
     dev = "cuda:0" if cuda else "cpu"
     devs1 = [dev]
     work = tempfile.mkdtemp(prefix="embed-bench-")
@@ -351,14 +361,20 @@ def main() -> int:
 
     two_gpu_run = gpus > 1
     # ---- correctness of the device path: swaps and streams against a dense replay ------
-    case(res, "outcore", "gpu-check", lambda: run_check(dev), deadline, 20)
+    if "check" in groups:
+        case(res, "outcore", "gpu-check", lambda: run_check(dev), deadline, 20)
     # ---- quality graph, TSV reading, quality (one-GPU machine and smoke) -------------
-    if not two_gpu_run:
+    if not two_gpu_run and "quality" in groups:
         run_quality(res, S, dev, work, deadline, pbg_version)
     # ---- throughput -------------------------------------------------------------------
-    run_throughput(res, S, devs1, gpus, cuda, deadline)
+    if "throughput" in groups:
+        run_throughput(res, S, devs1, gpus, cuda, deadline)
     # ---- biggest ----------------------------------------------------------------------
-    if not two_gpu_run:
+    if not two_gpu_run and "biggest" in groups:
+        import gc
+        gc.collect()
+        if cuda:
+            torch.cuda.empty_cache()     # the child needs the memory this process cached
         run_biggest(res, S, dev, work, deadline, cuda)
     else:
         res.note("two-GPU run: quality, table-size and biggest cases run on the one-GPU machine")
@@ -553,11 +569,12 @@ def run_biggest(res, S, dev, work, deadline, cuda):
     n, m = S["big_nodes"], S["big_edges"]
     need = m * 8 + n * 129 * 4 + n * 40          # edges, table (+state), degrees/cdf
     free = free_host_bytes()
-    while need > 0.7 * free and m > 1_000_000:
+    while not S["big_forced"] and need > 0.7 * free and m > 1_000_000:
         n, m = n // 2, m // 2
         need = m * 8 + n * 129 * 4 + n * 40
     if (n, m) != (S["big_nodes"], S["big_edges"]):
-        res.note(f"biggest: shrunk to {n} nodes, {m} edges for {free / 2**30:.0f} GiB free host memory")
+        res.note(f"biggest: shrunk to {n} nodes, {m} edges for {free / 2**30:.0f} GiB free host "
+                 "memory (MemAvailable); --big-nodes/--big-edges override")
 
     def big():
         left = deadline - time.time() - 5
