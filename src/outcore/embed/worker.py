@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from ..memory import pin_, unpin_
@@ -58,6 +59,9 @@ class Worker:
     def epoch(self, edges: BucketedEdges, bar=None) -> torch.Tensor:
         """Train every unit this worker gets; returns the summed loss (a device tensor)."""
         self._pin(edges)
+        biggest = int(np.diff(edges.offsets).max()) if len(edges.offsets) > 1 else 0
+        for k in (0, 1):                 # sized once for the epoch: no regrowth mid-epoch
+            self._buf(k, min(self.cfg.edge_chunk, max(biggest, 1)))
         loss = torch.zeros((), device=self.device)
         cur = self._acquire_blocking(self._held(()))
         while cur is not None:
