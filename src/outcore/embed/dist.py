@@ -72,6 +72,7 @@ def run_rank(rank: int, world: int, cfg: EmbedConfig, device: str, table_args: d
            "train_s": time.perf_counter() - t0}
     gathered = [None] * world
     dist.all_gather_object(gathered, out)
+    del store                            # rank 0's scheduler server goes before the group
     if own:
         dist.destroy_process_group()
     return gathered
@@ -93,7 +94,8 @@ def torchrun_fit(trainer, el, plan, table_kwargs: dict):
         device = str(cfg.devices[local % len(cfg.devices)])
     else:
         device = f"cuda:{local}" if torch.cuda.is_available() else "cpu"
-    if not dist.is_initialized():
+    own_pg = not dist.is_initialized()
+    if own_pg:
         dist.init_process_group("gloo", init_method="env://", rank=rank, world_size=world)
     path = cfg.table_path or os.path.join("/dev/shm" if os.path.isdir("/dev/shm")
                                           else tempfile.gettempdir(),
@@ -104,6 +106,9 @@ def torchrun_fit(trainer, el, plan, table_kwargs: dict):
     dist.barrier()                       # the file exists before the others map it
     res = run_rank(rank, world, cfg, device, table_args, plan.capacity, el.src, el.dst,
                    el.weight, el.num_nodes, addr, port)
+    if own_pg:
+        dist.barrier()                   # no rank tears down gloo while another still talks
+        dist.destroy_process_group()
     trainer.table = EmbeddingTable(**table_args, create=False)
     trainer.rank = rank
     trainer._temp_table = rank == 0 and not cfg.table_path
