@@ -115,3 +115,25 @@ def test_ranks_started_like_torchrun_share_one_table(tmp_path):
     assert len(per_rank) == 2 and per_rank.min() > 0 and per_rank.sum() == 2 * 8000
     _, _, labels = generate(GraphSpec(600, 8000, communities=4, mixing=0.1, seed=8))
     assert node_classification(np.load(out), labels)["micro_f1"] >= 0.9
+
+
+def test_memory_mapped_table_trains_like_the_ram_table(tmp_path):
+    src, dst, _ = generate(GraphSpec(300, 3000, communities=3, seed=9))
+    kw = dict(dim=8, epochs=2, batch_size=512, partitions=3, devices=["cpu"], progress=False)
+    ram = EmbeddingTrainer(EmbedConfig(**kw))
+    ram.fit((src, dst), num_nodes=300)
+    mm = EmbeddingTrainer(EmbedConfig(**kw, storage="mmap", table_path=str(tmp_path / "t.bin")))
+    mm.fit((src, dst), num_nodes=300)
+    assert mm.table.path is not None and ram.table.path is None
+    torch.testing.assert_close(mm.embeddings(), ram.embeddings())
+
+
+@pytest.mark.parametrize("score,loss", [("cosine", "logistic"), ("dot", "ranking")])
+def test_other_scores_and_losses_train(score, loss):
+    src, dst, labels = generate(GraphSpec(600, 9000, communities=3, mixing=0.05, seed=10))
+    tr = EmbeddingTrainer(EmbedConfig(dim=16, epochs=3, batch_size=1024, devices=["cpu"],
+                                      progress=False, score=score, loss=loss, lr=0.2))
+    tr.fit((src, dst), num_nodes=600)
+    losses = tr.summary["loss_per_epoch"]
+    assert losses[-1] < losses[0]
+    assert node_classification(tr.embeddings().numpy(), labels)["micro_f1"] >= 0.9
