@@ -93,23 +93,23 @@ class DeviceUpdater:
             host_wait(ev)  # host sync: the host masters must be final (save, model access)
 
     def plan(self, step_s: float, opt_wait_s: float, cpu_busy_s: float, cpu_params: int):
-        """Move groups to the device until the CPU's share fits under the device's time.
+        """Feedback: if the last step waited for CPU updates, move that much work over.
 
-        A deliberate, measured choice: the CPU update rate seen this step (params/s while
-        copies ran) times 85% of the step's non-waiting time is what the CPU may keep.
+        A deliberate, measured choice: the step's optimizer wait (host blocked on a pending
+        CPU update) times the CPU's update rate seen this step is the backlog the CPU could
+        not absorb; that many parameters (plus one group of margin) move to the device,
+        taken from the end of backward (rest, block 1, 2, ...). Never moves groups back.
         """
-        if cpu_busy_s <= 0 or cpu_params <= 0:
+        if opt_wait_s <= 0.02 * step_s or cpu_busy_s <= 0 or cpu_params <= 0:
             return []
-        rate = cpu_params / cpu_busy_s
-        allowed = 0.85 * max(1e-3, step_s - opt_wait_s) * rate
-        added = []
-        order = [0] + list(range(1, len(self.e.groups)))
-        for g in order:
-            if cpu_params <= allowed:
-                break
+        backlog = opt_wait_s * cpu_params / cpu_busy_s
+        added, moved = [], 0
+        for g in range(len(self.e.groups)):
             if g in self.groups or not self.e.groups[g].numel:
                 continue
             added.append(g)
-            cpu_params -= self.e.groups[g].numel
+            moved += self.e.groups[g].numel
+            if moved > backlog and len(added) >= 2:
+                break
         self.enable(added)
         return added

@@ -313,6 +313,8 @@ class Engine:
         if self.lanes.cuda:
             self.stats.peak_device_bytes = max(self.stats.peak_device_bytes,
                                                torch.cuda.max_memory_allocated(self.device))
+            self.stats.alloc_retries = torch.cuda.memory_stats(self.device).get(
+                "num_alloc_retries", 0)
         self.stats.compute_s = self.timer.total_s()
         waits = [w for w in self.cache.waits if w is not None]
         self.stats.copy_wait_s = sum(a.elapsed_time(b) for a, b in waits) / 1000.0
@@ -325,8 +327,8 @@ class Engine:
             peak = torch.cuda.max_memory_allocated(self.device)
             self._other_peak = peak - self.stash.peak_device_bytes
         self.stash.peak_device_bytes = 0
-        if self.gpu_updates == "auto" and self.step_count in (2, 4, 8, 16):
-            self.schedule.wait_all()  # host wait: the CPU's busy time of this step is final
+        if self.gpu_updates == "auto" and self.step_count >= 2 and (
+                self.step_count <= 8 or self.step_count % 10 == 0):
             added = self.updater.plan(self.stats.step_s, self.stats.optimizer_wait_s,
                                       self._cpu_busy_s, self._cpu_params)
             if added and self.verbose:

@@ -21,6 +21,7 @@ class StepStats:
     max_blocks_in_flight: int = 0
     peak_device_bytes: int = 0
     skipped_steps: int = 0
+    alloc_retries: int = 0          # caching-allocator retries (each one a device sync)
     history: list[dict] = field(default_factory=list)
 
 
