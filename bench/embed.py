@@ -19,6 +19,8 @@ planted communities):
   throughput-1gpu  positive edges/s at d=128, table resident (median of epochs 2..n), with
                    the default negatives (63 batch + 64 sampled per side); the -light row
                    with 16 sampled negatives a side (GraphVite-like work per edge)
+  throughput-1gpu-fused(-light)  the same two configurations with kernel="fused" (one
+                   Triton kernel a step; chunks update the table Hogwild-style)
   throughput-2gpu  the same with one process per GPU (two-GPU machine), speedup vs 1 GPU
   fits-table       edges/s when the table fits the --gpu-memory budget
   oversized-table  edges/s when the table is 4x that budget (partitions streamed)
@@ -363,6 +365,8 @@ def main() -> int:
     # ---- correctness of the device path: swaps and streams against a dense replay ------
     if "check" in groups:
         case(res, "outcore", "gpu-check", lambda: run_check(dev), deadline, 20)
+        if cuda:
+            case(res, "outcore", "gpu-check-fused", lambda: run_check_fused(dev), deadline, 20)
     # ---- quality graph, TSV reading, quality (one-GPU machine and smoke) -------------
     if not two_gpu_run and "quality" in groups:
         run_quality(res, S, dev, work, deadline, pbg_version)
@@ -412,6 +416,30 @@ def run_check(dev) -> dict:
     return {"max_abs_err": err, "ok": err < 1e-3, "steps": len(records),
             "resident_partitions": tr.plan.capacity, "partitions": P,
             "h2d_gb": tr.summary_io["bytes_in"] / 1e9}
+
+
+def run_check_fused(dev) -> dict:
+    """The fused Triton step on the GPU against its plain-torch emulation, on a batch whose
+    rows are all distinct (so the parallel chunks cannot interact)."""
+    from outcore.embed.fused import emulate, fused_step
+    torch.manual_seed(0)
+    cfg = EmbedConfig(dim=128, chunk_size=64, num_negatives=64, lr=0.1, kernel="fused")
+    n, B, M = 100_000, 256, 64
+    K = B // 64
+    ids = torch.randperm(n)[:2 * B + 2 * K * M].to(dev)
+    u, v = ids[:B], ids[B:2 * B]
+    nu, nv = ids[2 * B:2 * B + K * M], ids[2 * B + K * M:]
+    rows = (torch.randn(n + 1, 128) * 0.3).to(dev)
+    state = torch.rand(n + 1, 1).to(dev)
+    r1, s1 = rows.clone(), state.clone()
+    loss = torch.zeros(1, device=dev)
+    fused_step(r1, s1, r1, s1, u, v, nu, nv, cfg, 0, 0, loss)
+    r2, s2 = rows.clone(), state.clone()
+    want = emulate(r2, s2, r2, s2, u, v, nu, nv, cfg, 0, 0)
+    err = float((r1 - r2).abs().max())
+    return {"max_abs_err": err, "state_err": float((s1 - s2).abs().max()),
+            "loss_rel_err": float(abs(loss[0].cpu() - want.cpu()) / abs(want.cpu())),
+            "ok": err < 2e-3, "note": "tl.dot runs in TF32 on the GPU, the emulation in fp32"}
 
 
 def run_quality(res, S, dev, work, deadline, pbg_version):
@@ -529,6 +557,18 @@ def run_throughput(res, S, devs1, gpus, cuda, deadline):
         return dict(row, negatives="16 sampled per chunk of 64, each side")
     if gpus <= 1:
         case(res, "outcore", "throughput-1gpu-light", light, deadline, 30)
+
+    def fused(**extra):
+        def run():
+            row, _ = train_measure(src, dst, n, devs1, S["tp_epochs"], kernel="fused",
+                                   chunk_size=64, num_negatives=extra.pop("m", 64),
+                                   **extra, **kw)
+            return dict(row, kernel="fused (Triton; Hogwild within a batch)")
+        return run
+    if gpus <= 1 and cuda:
+        case(res, "outcore", "throughput-1gpu-fused", fused(), deadline, 30)
+        case(res, "outcore", "throughput-1gpu-fused-light", fused(m=16, batch_negatives=False),
+             deadline, 30)
     if gpus > 1 or not cuda:
         devs = [f"cuda:{i}" for i in range(gpus)] if cuda else ["cpu", "cpu"]
 

@@ -137,3 +137,10 @@ def test_other_scores_and_losses_train(score, loss):
     losses = tr.summary["loss_per_epoch"]
     assert losses[-1] < losses[0]
     assert node_classification(tr.embeddings().numpy(), labels)["micro_f1"] >= 0.9
+
+
+def test_fused_refuses_what_it_does_not_implement():
+    with pytest.raises(OutcoreError, match="kernel='fused' cannot run"):
+        EmbedConfig(kernel="fused", loss="logistic").validate()
+    with pytest.raises(OutcoreError, match="power of two"):
+        EmbedConfig(kernel="fused", dim=24).validate()

@@ -55,6 +55,7 @@ class EmbedConfig:
     shuffle: bool = True                # shuffle each bucket once at load (host)
     seed: int = 0
     tf32: bool = True                   # TF32 matmuls for the negative scores on CUDA
+    kernel: str = "torch"               # "fused": one Triton kernel a step (see fused.py)
     progress: bool = True
 
     def validate(self) -> "EmbedConfig":
@@ -77,6 +78,11 @@ class EmbedConfig:
             if getattr(self, name) not in allowed:
                 raise OutcoreError(f"{name}={getattr(self, name)!r} is not one of "
                                    f"{', '.join(allowed)}")
+        if self.kernel not in ("torch", "fused"):
+            raise OutcoreError(f"kernel={self.kernel!r} is not one of torch, fused")
+        if self.kernel == "fused":
+            from .fused import check_fused
+            check_fused(self)
         if not self.lr > 0:
             raise OutcoreError(f"lr={self.lr!r} must be positive")
         if self.partitions is not None and (isinstance(self.partitions, bool)

@@ -4,12 +4,14 @@ in chunks, and run the sparse steps."""
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from ..errors import OutcoreError
 from ..memory import pin_, unpin_
 from ..transfer import Lanes, host_wait
 from .buckets import WAIT, BucketedEdges
@@ -43,6 +45,15 @@ class Worker:
         self.spec = LossSpec(cfg.score, cfg.loss, cfg.margin, cfg.chunk_size,
                              cfg.batch_negatives)
         self.gen = torch.Generator(device=device).manual_seed(cfg.seed * 7919 + rank)
+        if cfg.kernel == "fused":
+            try:
+                import triton  # noqa: F401
+            except ImportError:
+                raise OutcoreError("kernel='fused' needs the triton package: install it or "
+                                   "use kernel='torch'") from None
+            if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+                raise OutcoreError("kernel='fused' runs on CUDA devices (TRITON_INTERPRET=1 "
+                                   "emulates it on the CPU, slowly); use kernel='torch'")
         self.keep = world == 1          # alone: released partitions may stay resident
         self.bufs: list[_EdgeBuf] = []
         # edges get their own copy stream: on the h2d stream a chunk would queue behind the
@@ -218,6 +229,13 @@ class Worker:
         M = cfg.num_negatives
         nu = self.sampler.sample(n_a, K * M, cdf_a, self.gen)
         nv = self.sampler.sample(n_b, K * M, cdf_b, self.gen)
+        if cfg.kernel == "fused":
+            from .fused import fused_step
+            lossbuf = torch.zeros(1, device=self.device)
+            fused_step(rows_a, state_a, rows_b, state_b, u, v, nu, nv, cfg, ta, tb, lossbuf)
+            if self.record is not None:
+                self.record(a, b, u, v, nu, nv)
+            return lossbuf[0]
         U, V = Ra.index_select(0, u), Rb.index_select(0, v)
         NU = Ra.index_select(0, nu).view(K, M, d)
         NV = Rb.index_select(0, nv).view(K, M, d)
