@@ -14,16 +14,24 @@ def _train_parser(sub) -> None:
     p.add_argument("--config", help="TOML file with any of the keys below ([train] table)")
     p.add_argument("--model", help="reference size (tiny, small, 125m .. 70b) or a local "
                    "Hugging Face checkpoint directory")
-    p.add_argument("--data", help="text file or folder (default: the Python stdlib sources)")
+    p.add_argument("--data", help="text file, folder of them, or JSONL ({'text'} or "
+                   "{'prompt','response'}); default: the Python stdlib sources")
     p.add_argument("--seq-len", type=int)
     p.add_argument("--batch-size", type=int)
     p.add_argument("--micro-batch-size", type=int)
+    p.add_argument("--grad-accum", type=int, help="micro steps of --batch-size summed into "
+                   "one update")
     p.add_argument("--lr", type=float)
     p.add_argument("--weight-decay", type=float)
     p.add_argument("--max-grad-norm", type=float)
     p.add_argument("--warmup-steps", type=int)
     p.add_argument("--max-steps", type=int)
-    p.add_argument("--save-every", type=int)
+    p.add_argument("--save-every", type=int, help="checkpoint every N steps (also on "
+                   "SIGTERM/SIGINT and at the end)")
+    p.add_argument("--keep-last", type=int, help="periodic checkpoints to keep (0 = all)")
+    p.add_argument("--max-bad-steps", type=int, help="non-finite steps in a row that stop "
+                   "the run (default 5)")
+    p.add_argument("--no-tensorboard", dest="tensorboard", action="store_false", default=None)
     p.add_argument("--output-dir")
     p.add_argument("--resume", action="store_true", default=None)
     p.add_argument("--device", help="auto (default), cpu, cuda or cuda:N")
@@ -38,8 +46,9 @@ def _run_train(args) -> int:
     flags = {k: v for k, v in vars(args).items() if k not in ("func", "config", "command")}
     file_values = config.load_toml(args.config) if args.config else {}
     cfg = config.build(file_values, flags)
-    train.run(cfg)
-    return 0
+    summary = train.run(cfg)
+    sig = summary.get("stopped_by_signal")
+    return 128 + sig if sig else 0  # the shell's convention for "ended by a signal"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -47,6 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
                                      "GPU memory, from host memory.")
     sub = parser.add_subparsers(dest="command")
     _train_parser(sub)
+    from . import plan_cli
+    plan_cli.register(sub)
     for mod in ("gemm", "embed"):
         try:
             register = __import__(f"outcore.{mod}.cli", fromlist=["register"]).register

@@ -18,10 +18,11 @@ from .errors import OutcoreError
 @dataclass
 class TrainConfig:
     model: str = "small"              # a reference size (outcore.models.SIZES) or an HF dir
-    data: str | None = None           # text file or folder; None = the stdlib corpus
+    data: str | None = None           # text file, folder or JSONL; None = the stdlib corpus
     seq_len: int = 256
     batch_size: int = 16
     micro_batch_size: int | None = None
+    grad_accum: int = 1               # micro steps summed into one update (batch x grad_accum)
     lr: float = 2e-3
     weight_decay: float = 0.1
     betas: tuple[float, float] = (0.9, 0.95)
@@ -30,6 +31,9 @@ class TrainConfig:
     warmup_steps: int = 10
     max_steps: int = 60
     save_every: int = 0               # 0: only at the end
+    keep_last: int = 3                # periodic checkpoints kept (0 = all)
+    max_bad_steps: int = 5            # non-finite steps in a row before the run stops
+    tensorboard: bool = True
     output_dir: str = "outcore-demo"
     resume: bool = False
     device: str = "auto"              # auto = cuda when present, else cpu
@@ -41,13 +45,18 @@ class TrainConfig:
     extra: dict = field(default_factory=dict, repr=False)
 
     def validate(self) -> "TrainConfig":
-        for name in ("seq_len", "batch_size", "max_steps"):
+        for name in ("seq_len", "batch_size", "max_steps", "grad_accum", "max_bad_steps"):
             if getattr(self, name) < 1:
                 raise OutcoreError(f"{name}={getattr(self, name)} must be >= 1")
         if self.micro_batch_size is not None and self.micro_batch_size < 1:
             raise OutcoreError(f"micro_batch_size={self.micro_batch_size} must be >= 1")
-        if self.save_every < 0:
-            raise OutcoreError(f"save_every={self.save_every} must be >= 0")
+        for name in ("save_every", "keep_last", "warmup_steps"):
+            if getattr(self, name) < 0:
+                raise OutcoreError(f"{name}={getattr(self, name)} must be >= 0")
+        if not self.lr > 0:
+            raise OutcoreError(f"lr={self.lr} must be > 0")
+        if self.max_grad_norm is not None and self.max_grad_norm <= 0:
+            self.max_grad_norm = None  # --max-grad-norm 0: no clipping
         if self.compute_dtype not in ("auto", "float32", "bfloat16", "tf32"):
             raise OutcoreError(f"compute_dtype={self.compute_dtype!r}: use auto, float32, "
                                "bfloat16 or tf32")
@@ -88,5 +97,23 @@ def build(file_values: dict, flag_values: dict) -> TrainConfig:
             raise OutcoreError(f"unknown config key {k!r}")
         if k == "betas" and isinstance(v, (list, tuple)):
             v = tuple(float(x) for x in v)
-        setattr(cfg, k, v)
+        setattr(cfg, k, _check_type(k, types[k], v))
     return dataclasses.replace(cfg).validate()
+
+
+def _check_type(key: str, typ, v):
+    """v if it has the field's type (ints accepted for floats), else a one-line error."""
+    t = str(typ)
+    if v is None and "None" in t:
+        return v
+    if t.startswith("int") and (isinstance(v, bool) or not isinstance(v, int)):
+        raise OutcoreError(f"config key {key!r} must be an integer, got {v!r}")
+    if t.startswith("float") and (isinstance(v, bool) or not isinstance(v, (int, float))):
+        raise OutcoreError(f"config key {key!r} must be a number, got {v!r}")
+    if t.startswith("float"):
+        return float(v)
+    if t.startswith("str") and not isinstance(v, str):
+        raise OutcoreError(f"config key {key!r} must be a string, got {v!r}")
+    if t == "bool" and not isinstance(v, bool):
+        raise OutcoreError(f"config key {key!r} must be true or false, got {v!r}")
+    return v

@@ -1,23 +1,34 @@
-"""`outcore train`: build the model, data and engine from a TrainConfig and run the loop."""
+"""`outcore train`: plan, build the model and data, run the loop, checkpoint, log.
+
+The loop in one screen: for each step, set the lr (warmup + cosine), take the batch of that
+step (a pure function of seed and step, so the step count is the data position), one
+engine step (micro-batches of --batch-size summed over --grad-accum), log a row, save when
+due or when SIGTERM/SIGINT arrived. A non-finite loss or gradient norm skips the update;
+--max-bad-steps of them in a row stop the run.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
+import signal
 import time
 from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
 
+from . import runckpt
 from .config import TrainConfig
-from .data import ByteTokenizer, PackedTokens, read_text_sources, stdlib_corpus
+from .data import (ByteTokenizer, PackedTokens, read_documents, stdlib_corpus,
+                   tokenize_documents)
 from .errors import OutcoreError
 from .hf import is_hf_dir, load_hf
 from .memory import host_peak_rss_bytes
 from .models import SIZES, decoder
 from .stream import AdamW, Engine
-from .units import fmt_bytes
+from .units import fmt_bytes, parse_bytes
 
 
 def lr_at(cfg: TrainConfig, step: int) -> float:
@@ -44,6 +55,26 @@ def _dtype(cfg: TrainConfig, device: str):
     return getattr(torch, cfg.compute_dtype)
 
 
+def check_plan(cfg: TrainConfig, device: str):
+    """The planner's verdict before anything large is allocated; raises when it cannot fit."""
+    from .planner import host_available, make_plan, model_shape
+    shape = model_shape(cfg.model)
+    gpu = None
+    if device.startswith("cuda"):
+        gpu = parse_bytes(cfg.gpu_memory, "gpu_memory") or \
+            torch.cuda.get_device_properties(device).total_memory
+    itemsize = 4 if cfg.compute_dtype in ("float32", "tf32") or not device.startswith("cuda") \
+        else 2
+    plan = make_plan(shape, tokens_per_step=cfg.batch_size * cfg.grad_accum * cfg.seq_len,
+                     micro_tokens=(cfg.micro_batch_size or cfg.batch_size) * cfg.seq_len,
+                     gpu_limit=gpu, host_limit=host_available(), clip=bool(cfg.max_grad_norm),
+                     compute_itemsize=itemsize)
+    why = plan.refusal()
+    if why:
+        raise OutcoreError(f"refusing to start: {why}")
+    return plan
+
+
 def build_model(cfg: TrainConfig):
     """(model, tokenizer) for --model: a reference size or a local HF checkpoint dir."""
     if cfg.model in SIZES:
@@ -59,14 +90,21 @@ def build_model(cfg: TrainConfig):
                        f"({', '.join(SIZES)}) nor a Hugging Face checkpoint directory")
 
 
-def build_data(cfg: TrainConfig, tokenizer) -> PackedTokens:
-    raw = read_text_sources(cfg.data) if cfg.data else stdlib_corpus(cfg.max_data_bytes)
-    if isinstance(tokenizer, ByteTokenizer):
-        ids = tokenizer.encode(raw)
+def build_data(cfg: TrainConfig, tokenizer, vocab: int | None = None) -> PackedTokens:
+    """--data (or the stdlib corpus) tokenized and packed to --seq-len rows."""
+    if cfg.data:
+        docs = read_documents(cfg.data)
     else:
-        import numpy as np
-        ids = np.asarray(tokenizer(raw.decode("utf-8", errors="replace"))["input_ids"])
-    return PackedTokens(ids, cfg.seq_len, seed=cfg.seed)
+        docs = [("", stdlib_corpus(cfg.max_data_bytes).decode("utf-8", errors="replace"))]
+    ids, labels = tokenize_documents(docs, tokenizer)
+    if vocab is not None and int(ids.max()) >= vocab:
+        raise OutcoreError(f"token id {int(ids.max())} is outside the model's vocabulary "
+                           f"({vocab}): the tokenizer does not belong to this model")
+    has_prompts = bool((labels == -100).any())
+    data = PackedTokens(ids, cfg.seq_len, seed=cfg.seed, labels=labels if has_prompts else None)
+    data.fingerprint = hashlib.blake2b(ids.tobytes() + labels.tobytes(),
+                                       digest_size=8).hexdigest()
+    return data
 
 
 @torch.no_grad()
@@ -83,63 +121,165 @@ def generate(model, tokenizer, prompt: str, n: int, temperature: float = 0.8) ->
     return tokenizer.decode(ids[0].tolist())
 
 
-def run(cfg: TrainConfig) -> dict:
-    """Train per cfg; returns the summary dict that is also printed."""
+class _Signals:
+    """SIGTERM/SIGINT set a flag; the loop saves a checkpoint and stops after the step."""
+
+    def __init__(self):
+        self.received: int | None = None
+        self._old = {}
+
+    def __enter__(self):
+        for s in (signal.SIGTERM, signal.SIGINT):
+            self._old[s] = signal.signal(s, self._handle)
+        return self
+
+    def _handle(self, signum, frame):
+        if self.received is not None:  # a second signal: stop now, the old checkpoint stays
+            raise KeyboardInterrupt
+        self.received = signum
+        print(f"\noutcore: {signal.Signals(signum).name}: saving a checkpoint after this step",
+              flush=True)
+
+    def __exit__(self, *exc):
+        for s, h in self._old.items():
+            signal.signal(s, h)
+
+
+def _resume(cfg, out_dir: Path, model, data, global_batch: int, kw) -> Engine | None:
+    removed = runckpt.clean_partial(out_dir)
+    if removed:
+        print(f"--resume: removed {removed} partial checkpoint(s) left by a crash")
+    ck = runckpt.newest(out_dir)
+    if ck is None:
+        print(f"--resume: no complete checkpoint in {out_dir}, starting from step 0")
+        return None
+    st = json.loads((ck / "trainer.json").read_text())
+    if st.get("data_fingerprint") != data.fingerprint:
+        raise OutcoreError(f"--resume: {ck} was trained on other data (or another tokenizer): "
+                           "use the same --data, or a new --output-dir")
+    if (st.get("global_batch"), st.get("seq_len")) != (global_batch, cfg.seq_len):
+        raise OutcoreError(f"--resume: {ck} used batch {st.get('global_batch')} x seq "
+                           f"{st.get('seq_len')}; the data position needs the same "
+                           "--batch-size x --grad-accum and --seq-len")
+    engine = Engine.load(ck / "outcore", model, **kw)
+    print(f"resumed from {ck} at step {engine.step_count}")
+    return engine
+
+
+def run(cfg: TrainConfig, loss_fn=None, return_model: bool = False) -> dict:
+    """Train per cfg; returns the summary dict that is also printed.
+
+    loss_fn: passed to engine.train_step (tests inject non-finite losses through it).
+    return_model: add the trained model (fp32 masters) under "model".
+    """
     torch.manual_seed(cfg.seed)
     out_dir = Path(cfg.output_dir)
     device = _device(cfg)
+    plan = check_plan(cfg, device)
     model, tok = build_model(cfg)
-    data = build_data(cfg, tok)
-    kw = dict(device=device, compute_dtype=_dtype(cfg, device),
-              micro_batch_size=cfg.micro_batch_size, max_grad_norm=cfg.max_grad_norm,
-              gpu_memory=cfg.gpu_memory, verbose=True)
-    ckpt = out_dir / "checkpoint"
-    if cfg.resume and (ckpt / "state.json").is_file():
-        engine = Engine.load(ckpt, model, **kw)
-        print(f"resumed from {ckpt} at step {engine.step_count}")
-    else:
-        if cfg.resume:
-            print(f"--resume: no checkpoint in {ckpt}, starting from step 0")
+    hf = is_hf_dir(cfg.model)
+    vocab = getattr(getattr(model, "config", None), "vocab_size", None)
+    data = build_data(cfg, tok, vocab)
+    global_batch = cfg.batch_size * cfg.grad_accum
+    micro = cfg.micro_batch_size or (cfg.batch_size if cfg.grad_accum > 1 else None)
+    kw = dict(device=device, compute_dtype=_dtype(cfg, device), micro_batch_size=micro,
+              max_grad_norm=cfg.max_grad_norm, gpu_memory=cfg.gpu_memory, verbose=True)
+    engine = _resume(cfg, out_dir, model, data, global_batch, kw) if cfg.resume else None
+    if engine is None:
         opt = AdamW(lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, weight_decay=cfg.weight_decay)
         engine = Engine(model, optimizer=opt, **kw)
-    tokens_per_step = cfg.batch_size * cfg.seq_len
-    losses, times = [], []
-    split = {"compute_s": 0.0, "copy_wait_s": 0.0, "optimizer_wait_s": 0.0}
-    start = engine.step_count
-    bar = tqdm(total=cfg.max_steps, initial=start, desc="train", unit="step", dynamic_ncols=True)
-    t_run = time.perf_counter()
-    for step in range(start, cfg.max_steps):
-        engine.set_lr(lr_at(cfg, step))
-        loss = engine.train_step(data.batch(step, cfg.batch_size))
-        losses.append(loss)
-        times.append(engine.stats.step_s)
-        for k in split:
-            split[k] += getattr(engine.stats, k)
-        bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tokens_per_step / engine.stats.step_s:,.0f}")
-        bar.update(1)
-        if cfg.save_every and (step + 1) % cfg.save_every == 0 and step + 1 < cfg.max_steps:
-            engine.save(ckpt)
-    bar.close()
-    wall = time.perf_counter() - t_run
-    engine.save(ckpt)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "config.json").write_text(json.dumps({k: v for k, v in vars(cfg).items()
                                                      if k != "extra"}, default=str, indent=1))
+    from .logs import RunLog
+    from .planner import calibrate
+    log = RunLog(out_dir, engine.step_count, tensorboard=cfg.tensorboard)
+    peak_flops = calibrate(device, engine.compute_dtype).flops  # for MFU
+    tokens_per_step = global_batch * cfg.seq_len
+
+    def trainer_state(step: int) -> dict:
+        return {"step": step, "data_fingerprint": data.fingerprint, "global_batch": global_batch,
+                "seq_len": cfg.seq_len, "seed": cfg.seed, "model": cfg.model}
+
+    def save(path: Path) -> None:
+        runckpt.save_run(path, engine, tok, trainer_state(engine.step_count), hf)
+
+    losses, times, bad, skipped_total = [], [], 0, 0
+    split = {"compute_s": 0.0, "copy_wait_s": 0.0, "optimizer_wait_s": 0.0}
+    start = engine.step_count
+    stopped_by = None
+    bar = tqdm(total=cfg.max_steps, initial=start, desc="train", unit="step", dynamic_ncols=True)
+    t_run = time.perf_counter()
+    with _Signals() as sig:
+        for step in range(start, cfg.max_steps):
+            lr = lr_at(cfg, step)
+            engine.set_lr(lr)
+            loss = engine.train_step(data.batch(step, global_batch), loss_fn=loss_fn)
+            skipped = getattr(engine, "last_step_skipped", False) or not math.isfinite(loss)
+            bad = bad + 1 if skipped else 0
+            skipped_total += skipped
+            if skipped:
+                tqdm.write(f"outcore: step {step + 1}: non-finite loss or gradient "
+                           f"(loss {loss}): update skipped ({bad} in a row)")
+            else:
+                losses.append(loss)
+            times.append(engine.stats.step_s)
+            for k in split:
+                split[k] += getattr(engine.stats, k)
+            tok_s = tokens_per_step / engine.stats.step_s
+            log.write({"step": step + 1, "loss": loss if math.isfinite(loss) else None,
+                       "lr": lr, "grad_norm": getattr(engine, "last_grad_norm", None)
+                       if cfg.max_grad_norm else None, "skipped": int(skipped),
+                       "tokens_per_s": tok_s, "mfu": 6 * engine.num_params * tok_s / peak_flops,
+                       "step_s": engine.stats.step_s, "host_rss_bytes": host_peak_rss_bytes(),
+                       "gpu_peak_bytes": engine.stats.peak_device_bytes})
+            bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tok_s:,.0f}")
+            bar.update(1)
+            if bad >= cfg.max_bad_steps:
+                bar.close()
+                log.close()
+                engine.close()
+                raise OutcoreError(f"{bad} steps in a row had a non-finite loss or gradient "
+                                   f"(the last at step {step + 1}); the weights are unchanged "
+                                   "by them: lower --lr, check the data, or resume from the "
+                                   "last checkpoint")
+            done = step + 1
+            if sig.received is not None:
+                save(runckpt.step_dir(out_dir, done))
+                runckpt.prune(out_dir, cfg.keep_last)
+                stopped_by = sig.received
+                tqdm.write(f"outcore: saved {runckpt.step_dir(out_dir, done)}; "
+                           "continue with --resume")
+                break
+            if cfg.save_every and done % cfg.save_every == 0 and done < cfg.max_steps:
+                save(runckpt.step_dir(out_dir, done))
+                runckpt.prune(out_dir, cfg.keep_last)
+                log.flush()
+        bar.close()
+        wall = time.perf_counter() - t_run
+        if stopped_by is None:
+            save(out_dir / "final")
+    log.close()
     steady = sorted(times[1:] or times)
     summary = {
-        "steps": len(losses), "first_loss": losses[0] if losses else None,
-        "last_loss": losses[-1] if losses else None,
+        "steps": engine.step_count - start, "skipped_steps": skipped_total,
+        "first_loss": losses[0] if losses else float("nan"),
+        "last_loss": losses[-1] if losses else float("nan"),
         "tokens_per_s": tokens_per_step / steady[len(steady) // 2] if steady else 0.0,
         "wall_s": wall, "params": engine.num_params,
         "host_peak_bytes": host_peak_rss_bytes(),
         "device_peak_bytes": engine.stats.peak_device_bytes,
         "host_bytes_per_param": engine.host_bytes_per_param(), **split,
-        "checkpoint": str(ckpt),
+        "checkpoint": str(runckpt.newest(out_dir)), "stopped_by_signal": stopped_by,
+        "planned_host_bytes": plan.host_state_bytes,
     }
-    if cfg.generate_tokens and isinstance(tok, ByteTokenizer) and engine.num_params < 50e6:
+    if (stopped_by is None and cfg.generate_tokens and isinstance(tok, ByteTokenizer)
+            and engine.num_params < 50e6):
         text = generate(engine.model, tok, "def ", cfg.generate_tokens)
         print("--- sample ---\n" + text + "\n--------------")
     print_summary(summary, device)
+    if return_model:
+        summary["model"] = engine.model
     engine.close()
     return summary
 
@@ -147,7 +287,8 @@ def run(cfg: TrainConfig) -> dict:
 def print_summary(s: dict, device: str) -> None:
     dev_peak = fmt_bytes(s["device_peak_bytes"]) if device.startswith("cuda") else "n/a (CPU)"
     total = s["compute_s"] + s["copy_wait_s"] + s["optimizer_wait_s"]
-    print(f"summary: {s['steps']} steps, loss {s['first_loss']:.3f} -> {s['last_loss']:.3f}, "
+    print(f"summary: {s['steps']} steps ({s['skipped_steps']} skipped), loss "
+          f"{s['first_loss']:.3f} -> {s['last_loss']:.3f}, "
           f"{s['tokens_per_s']:,.0f} tokens/s (median step), {s['wall_s']:.1f} s wall\n"
           f"  memory: host peak {fmt_bytes(s['host_peak_bytes'])}, device peak {dev_peak}, "
           f"{s['host_bytes_per_param']:.1f} host bytes/param for {s['params'] / 1e6:.1f}M params\n"

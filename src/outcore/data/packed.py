@@ -14,15 +14,21 @@ from ..errors import OutcoreError
 
 
 class PackedTokens:
-    """tokens: N (int) -> batches {"input_ids": B x T, "labels": B x T}."""
+    """tokens: N (int) -> batches {"input_ids": B x T, "labels": B x T}.
 
-    def __init__(self, tokens: np.ndarray, seq_len: int, seed: int = 0):
+    labels: N (int) or None (= tokens); -100 marks tokens without loss (prompts).
+    """
+
+    def __init__(self, tokens: np.ndarray, seq_len: int, seed: int = 0,
+                 labels: np.ndarray | None = None):
         n = len(tokens) // seq_len
         if n < 1:
             raise OutcoreError(f"the data has {len(tokens)} tokens, fewer than one sequence of "
                                f"--seq-len {seq_len}: give more text or a shorter --seq-len")
         self.rows = torch.from_numpy(np.ascontiguousarray(tokens[: n * seq_len],
                                                           dtype=np.int64)).view(n, seq_len)
+        self.labels = None if labels is None else torch.from_numpy(np.ascontiguousarray(
+            labels[: n * seq_len], dtype=np.int64)).view(n, seq_len)
         self.perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
         self.seq_len = seq_len
 
@@ -31,5 +37,7 @@ class PackedTokens:
 
     def batch(self, step: int, batch_size: int) -> dict[str, torch.Tensor]:
         idx = (torch.arange(batch_size) + step * batch_size) % len(self)
-        x = self.rows[self.perm[idx]]
-        return {"input_ids": x, "labels": x.clone()}
+        rows = self.perm[idx]
+        x = self.rows[rows]
+        y = x.clone() if self.labels is None else self.labels[rows]
+        return {"input_ids": x, "labels": y}

@@ -1,0 +1,76 @@
+"""The run log: one row per step to JSONL, CSV and (when installed) TensorBoard.
+
+OUTPUT_DIR/metrics.jsonl, OUTPUT_DIR/metrics.csv, OUTPUT_DIR/tensorboard/. On resume from
+step k, rows after k (written before a crash, then redone) are dropped, so the log reads
+as one uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import sys
+from pathlib import Path
+
+COLUMNS = ["step", "loss", "lr", "grad_norm", "skipped", "tokens_per_s", "mfu", "step_s",
+           "host_rss_bytes", "gpu_peak_bytes"]
+
+
+class RunLog:
+    """write(row) with row keys from COLUMNS; `step` is 1-based (steps done)."""
+
+    def __init__(self, out_dir: Path, resume_step: int = 0, tensorboard: bool = True):
+        out_dir.mkdir(parents=True, exist_ok=True)
+        self.jsonl = out_dir / "metrics.jsonl"
+        self.csv = out_dir / "metrics.csv"
+        self._truncate(resume_step)
+        new_csv = not self.csv.exists()
+        self._jf = open(self.jsonl, "a")
+        self._cf = open(self.csv, "a", newline="")
+        self._cw = csv.DictWriter(self._cf, fieldnames=COLUMNS, extrasaction="ignore")
+        if new_csv:
+            self._cw.writeheader()
+        self.tb = None
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+                # purge_step: TensorBoard hides events after the resume step
+                self.tb = SummaryWriter(str(out_dir / "tensorboard"),
+                                        purge_step=resume_step + 1 if resume_step else None)
+            except ImportError:
+                print("outcore: tensorboard is not installed, logging JSONL/CSV only "
+                      "(pip install tensorboard)", file=sys.stderr)
+
+    def _truncate(self, step: int) -> None:
+        if self.jsonl.exists():
+            keep = [ln for ln in self.jsonl.read_text().splitlines()
+                    if ln.strip() and json.loads(ln)["step"] <= step]
+            self.jsonl.write_text("".join(ln + "\n" for ln in keep))
+        if self.csv.exists():
+            with open(self.csv, newline="") as f:
+                rows = [r for r in csv.DictReader(f) if int(r["step"]) <= step]
+            with open(self.csv, "w", newline="") as f:
+                w = csv.DictWriter(f, fieldnames=COLUMNS)
+                w.writeheader()
+                w.writerows(rows)
+
+    def write(self, row: dict) -> None:
+        self._jf.write(json.dumps(row) + "\n")
+        self._cw.writerow(row)
+        if self.tb is not None:
+            for k, v in row.items():
+                if k != "step" and isinstance(v, (int, float)) and v is not None:
+                    self.tb.add_scalar(f"train/{k}", v, row["step"])
+
+    def flush(self) -> None:
+        self._jf.flush()
+        self._cf.flush()
+        if self.tb is not None:
+            self.tb.flush()
+
+    def close(self) -> None:
+        self.flush()
+        self._jf.close()
+        self._cf.close()
+        if self.tb is not None:
+            self.tb.close()

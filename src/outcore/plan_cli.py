@@ -1,0 +1,56 @@
+"""`outcore plan`: where a model's state will live, whether it fits, how fast a step is."""
+
+from __future__ import annotations
+
+from .errors import OutcoreError
+from .units import parse_bytes
+
+
+def register(sub) -> None:
+    p = sub.add_parser("plan", help="will a model fit this GPU and host, and how fast "
+                       "(allocates nothing large)")
+    p.add_argument("--model", required=True, help="reference size (tiny .. 70b) or a local "
+                   "Hugging Face checkpoint directory")
+    p.add_argument("--gpu-memory", help="device budget, e.g. 24GiB (default: this GPU's "
+                   "memory; none on a CPU-only machine)")
+    p.add_argument("--host-memory", help="host budget, e.g. 256GiB (default: available now)")
+    p.add_argument("--tokens-per-step", type=int, default=65536)
+    p.add_argument("--micro-tokens", type=int, help="tokens per micro-batch (default: "
+                   "the whole step)")
+    p.add_argument("--compute-dtype", choices=["bfloat16", "float32"], default="bfloat16")
+    p.add_argument("--no-clip", action="store_true", help="no gradient clipping: 12 host "
+                   "B/param instead of 16")
+    p.add_argument("--device", default="auto", help="device to calibrate: auto, cpu, cuda:N")
+    p.add_argument("--no-calibrate", action="store_true", help="skip the step-time estimate")
+    p.set_defaults(func=_run)
+
+
+def _run(args) -> int:
+    import torch
+
+    from .planner import calibrate, host_available, make_plan, model_shape
+    if args.tokens_per_step < 1 or (args.micro_tokens is not None and args.micro_tokens < 1):
+        raise OutcoreError("--tokens-per-step and --micro-tokens must be >= 1")
+    device = args.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    gpu = parse_bytes(args.gpu_memory, "--gpu-memory")
+    if gpu is None and device.startswith("cuda"):
+        gpu = torch.cuda.get_device_properties(device).total_memory
+    host = parse_bytes(args.host_memory, "--host-memory") or host_available()
+    shape = model_shape(args.model)
+    dtype = getattr(torch, args.compute_dtype)
+    calib = None if args.no_calibrate else calibrate(device, dtype)
+    plan = make_plan(shape, tokens_per_step=args.tokens_per_step, micro_tokens=args.micro_tokens,
+                     gpu_limit=gpu, host_limit=host, clip=not args.no_clip,
+                     compute_itemsize=dtype.itemsize, calib=calib)
+    if calib is not None:
+        h2d = f", host->device {calib.h2d / 1e9:.1f} GB/s" if calib.h2d else ""
+        print(f"calibration ({device}): matmul {calib.flops / 1e12:.2f} TFLOP/s "
+              f"({args.compute_dtype}), host memcpy {calib.host_copy / 1e9:.1f} GB/s{h2d}, "
+              f"CPU AdamW {calib.adamw / 1e9:.2f} G params/s")
+    print("\n".join(plan.lines()))
+    why = plan.refusal()
+    if why:
+        print(f"why: {why}")
+    return 0 if plan.fits else 1

@@ -1,0 +1,226 @@
+"""`outcore plan` and the check `outcore train` runs first: will this model fit, and how fast.
+
+Nothing large is allocated: the model is built with its parameters on the meta device and
+split into groups exactly as the engine will split it; the device bytes use the engine's
+own formula (stream/plan.py fixed_device_bytes). Step time comes from a quick calibration
+of this machine: a matmul for the FLOP rate, a host memcpy, a pinned host->device copy on
+a GPU, and CPU AdamW on a few million parameters.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+
+from .errors import OutcoreError
+from .units import fmt_bytes
+
+
+@dataclass
+class ModelShape:
+    """A model's parameter counts as the engine groups them (rest + N blocks)."""
+
+    name: str
+    params: int
+    block_params: int       # the largest block
+    rest_params: int        # embeddings, final norm, head (resident on the device)
+    layers: int
+    dim: int
+    vocab: int
+
+
+def model_shape(model: str) -> ModelShape:
+    """Shape of a reference size (outcore.models.SIZES) or a local HF checkpoint dir."""
+    from .hf import empty_model, is_hf_dir, meta_parameters
+    from .models import SIZES, decoder
+    from .stream.blocks import build_groups, find_blocks
+    if model in SIZES:
+        with meta_parameters():
+            m = decoder(model)
+        dim, vocab = SIZES[model].dim, SIZES[model].vocab
+    elif is_hf_dir(model):
+        m = empty_model(model)
+        c = m.config
+        dim = getattr(c, "hidden_size", None) or getattr(c, "n_embd", 0)
+        vocab = c.vocab_size
+    else:
+        raise OutcoreError(f"--model {model!r} is neither a reference size "
+                           f"({', '.join(SIZES)}) nor a Hugging Face checkpoint directory")
+    path, container = find_blocks(m, None)
+    groups = build_groups(m, path, container)
+    numels = [g.numel for g in groups]
+    return ModelShape(Path(model).name if is_hf_dir(model) else model, sum(numels),
+                      max(numels[1:], default=0), numels[0], len(numels) - 1, dim, vocab)
+
+
+@dataclass
+class Calibration:
+    """Measured rates of this machine (bytes/s, FLOP/s, params/s)."""
+
+    device: str
+    flops: float            # matmul in the compute dtype on `device`
+    host_copy: float        # host memcpy
+    h2d: float | None       # pinned host -> device (None on the CPU)
+    adamw: float            # CPU AdamW, params/s
+
+
+def _timed(fn, reps: int, sync) -> float:
+    fn()
+    sync()
+    t = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    sync()  # host sync: the timing must cover the device's work
+    return (time.perf_counter() - t) / reps
+
+
+def calibrate(device: str = "cpu", dtype: torch.dtype = torch.float32) -> Calibration:
+    """A second or so of measurements on `device`."""
+    cuda = device.startswith("cuda")
+    sync = (lambda: torch.cuda.synchronize(device)) if cuda else (lambda: None)
+    n = 4096 if cuda else 512
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    flops = 2 * n ** 3 / _timed(lambda: a @ a, 10 if cuda else 3, sync)
+    src = torch.empty(32 << 20, dtype=torch.uint8)
+    dst = torch.empty_like(src)
+    host_copy = src.numel() / _timed(lambda: dst.copy_(src), 3, lambda: None)
+    h2d = None
+    if cuda:
+        pinned = torch.empty(256 << 20, dtype=torch.uint8, pin_memory=True)
+        dev = torch.empty_like(pinned, device=device)
+        h2d = pinned.numel() / _timed(lambda: dev.copy_(pinned, non_blocking=True), 3, sync)
+    p = torch.zeros(1 << 21, requires_grad=True)
+    p.grad = torch.randn_like(p)
+    try:
+        opt = torch.optim.AdamW([p], lr=1e-3, fused=True)
+    except (RuntimeError, TypeError):
+        opt = torch.optim.AdamW([p], lr=1e-3, foreach=True)
+    adamw = p.numel() / _timed(opt.step, 3, lambda: None)
+    return Calibration(device, flops, host_copy, h2d, adamw)
+
+
+@dataclass
+class Plan:
+    shape: ModelShape
+    tokens_per_step: int
+    micro_tokens: int
+    host_bytes_per_param: int
+    host_state_bytes: int
+    host_limit: int | None
+    device_fixed_bytes: int
+    device_work_bytes: int
+    checkpoint_bytes: int   # block-boundary activations: on the device while they fit
+    gpu_limit: int | None
+    step_s: dict | None = None
+
+    @property
+    def device_bytes(self) -> int:
+        return self.device_fixed_bytes + self.device_work_bytes
+
+    @property
+    def fits_host(self) -> bool:
+        spill = max(0, self.checkpoint_bytes - self._device_room())
+        return self.host_limit is None or self.host_state_bytes + spill <= self.host_limit
+
+    @property
+    def fits_device(self) -> bool:
+        return self.gpu_limit is None or self.device_bytes <= int(self.gpu_limit * 0.92)
+
+    @property
+    def fits(self) -> bool:
+        return self.fits_host and self.fits_device
+
+    def _device_room(self) -> int:
+        if self.gpu_limit is None:
+            return 0
+        return max(0, int(self.gpu_limit * 0.92) - self.device_bytes)
+
+    def refusal(self) -> str | None:
+        """One line with the numbers when it cannot fit, else None."""
+        s = self.shape
+        if not self.fits_host:
+            return (f"{s.name} ({s.params / 1e9:.2f}B params) needs {fmt_bytes(self.host_state_bytes)} "
+                    f"of host memory ({self.host_bytes_per_param} B/param) but "
+                    f"{fmt_bytes(self.host_limit)} is available: use a smaller model, "
+                    "more host memory, or no clipping (12 B/param)")
+        if not self.fits_device:
+            return (f"{s.name} needs {fmt_bytes(self.device_bytes)} on the GPU "
+                    f"({fmt_bytes(self.device_fixed_bytes)} blocks in flight + resident, "
+                    f"{fmt_bytes(self.device_work_bytes)} for a micro-batch of "
+                    f"{self.micro_tokens} tokens) but the budget is "
+                    f"{fmt_bytes(self.gpu_limit)}: lower --micro-batch-size or raise --gpu-memory")
+        return None
+
+    def lines(self) -> list[str]:
+        s = self.shape
+        dev = "fits" if self.fits_device else "DOES NOT FIT"
+        host = "fits" if self.fits_host else "DOES NOT FIT"
+        on_dev = min(self.checkpoint_bytes, self._device_room()) if self.gpu_limit else 0
+        out = [
+            f"model {s.name}: {s.params / 1e6:,.1f}M params = {s.layers} blocks of "
+            f"{s.block_params / 1e6:,.2f}M + {s.rest_params / 1e6:,.2f}M resident "
+            f"(embeddings, head)",
+            f"host:   {self.host_bytes_per_param} B/param (fp32 master 4 + AdamW m,v 8"
+            f"{' + held gradients 4 for clipping' if self.host_bytes_per_param == 16 else ''}) "
+            f"= {fmt_bytes(self.host_state_bytes)}"
+            + (f" of {fmt_bytes(self.host_limit)}: {host}" if self.host_limit else ""),
+            f"device: 3 block slots + resident = {fmt_bytes(self.device_fixed_bytes)}, "
+            f"micro-batch work ({self.micro_tokens} tokens) ~{fmt_bytes(self.device_work_bytes)}"
+            + (f" of {fmt_bytes(self.gpu_limit)}: {dev}" if self.gpu_limit else ""),
+            f"activation checkpoints: {fmt_bytes(self.checkpoint_bytes)} per step "
+            f"({fmt_bytes(on_dev)} on the device, the rest in pinned host memory)",
+        ]
+        if self.step_s:
+            t = self.step_s
+            out.append(f"step ({self.tokens_per_step:,} tokens): compute {t['compute']:.3f} s, "
+                       f"host->device {t['h2d']:.3f} s, CPU AdamW {t['optimizer']:.3f} s "
+                       f"-> ~{t['step']:.3f} s ({self.tokens_per_step / t['step']:,.0f} "
+                       f"tokens/s; bound by {t['bound']})")
+        out.append(f"verdict: {'fits' if self.fits else 'DOES NOT FIT'}")
+        return out
+
+
+def make_plan(shape: ModelShape, *, tokens_per_step: int, micro_tokens: int | None = None,
+              gpu_limit: int | None = None, host_limit: int | None = None, clip: bool = True,
+              compute_itemsize: int = 2, calib: Calibration | None = None) -> Plan:
+    """Bytes (and with `calib`, seconds) of one step; micro_tokens defaults to the step."""
+    micro = micro_tokens or tokens_per_step
+    fake = SimpleNamespace(groups=[SimpleNamespace(numel=shape.rest_params)] +
+                           [SimpleNamespace(numel=shape.block_params)] * shape.layers,
+                           compute_dtype=torch.bfloat16 if compute_itemsize == 2 else torch.float32)
+    from .stream.plan import fixed_device_bytes
+    fixed = fixed_device_bytes(fake)
+    c = compute_itemsize
+    # One block's forward graph for a micro-batch (~34 x dim bytes per token at 16 bits,
+    # Korthikanti et al.) plus fp32 logits, their softmax and gradient for the head.
+    work = int(micro * shape.dim * 34 * c / 2) + micro * shape.vocab * 4 * 3
+    ckpt = tokens_per_step * shape.dim * c * shape.layers
+    bpp = 16 if clip else 12
+    plan = Plan(shape, tokens_per_step, micro, bpp, bpp * shape.params, host_limit, fixed, work,
+                ckpt, gpu_limit)
+    if calib is not None:
+        compute = 8 * shape.params * tokens_per_step / calib.flops  # fwd + recompute + bwd
+        h2d = 2 * 4 * shape.params / calib.h2d if calib.h2d else 0.0  # fp32 blocks, twice
+        opt = shape.params / calib.adamw
+        parts = {"compute": compute, "host->device copies": h2d, "CPU AdamW": opt}
+        bound = max(parts, key=parts.get)
+        # On a GPU the three overlap; on the CPU compute and AdamW share the cores.
+        step = max(parts.values()) if calib.h2d else compute + opt
+        plan.step_s = {"compute": compute, "h2d": h2d, "optimizer": opt, "step": step,
+                       "bound": bound}
+    return plan
+
+
+def host_available() -> int | None:
+    """MemAvailable from /proc/meminfo (bytes), None where that file does not exist."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
