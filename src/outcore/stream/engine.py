@@ -296,6 +296,9 @@ class Engine:
         return loss
 
     def _finish_step(self, t0: float) -> None:
+        # last_step_skipped: the global gradient norm was not finite, no group was updated
+        # (without clipping, nonfinite_check skips just the non-finite groups).
+        self.last_step_skipped = False
         if self.max_grad_norm is None:
             self.schedule.end_backward(1.0)
             return
@@ -306,6 +309,7 @@ class Engine:
             self.schedule.drop_pending()
             self.schedule.end_backward(1.0)
             self.stats.skipped_steps += 1
+            self.last_step_skipped = True
             return
         self.schedule.end_backward(min(1.0, self.max_grad_norm / (total + 1e-6)))
 
