@@ -389,7 +389,7 @@ def main() -> int:
         if cuda:
             torch.cuda.empty_cache()     # the child needs the memory this process cached
         run_biggest(res, S, dev, work, deadline, cuda)
-    else:
+    if two_gpu_run:
         res.note("two-GPU run: quality, table-size and biggest cases run on the one-GPU machine")
     shutil.rmtree(work, ignore_errors=True)
     res.doc["total_s"] = round(time.time() - t_start, 1)
