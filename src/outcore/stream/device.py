@@ -84,11 +84,16 @@ class DeviceCache:
             self.lanes.wait(self.lanes.h2d, s.free_after)
             # Stream wait: a device-side update of g may still be writing the host master.
             self.lanes.wait(self.lanes.h2d, after)
-            s.buf[:n].copy_(master, non_blocking=True)
+            self.fill(g, s.buf[:n], master)
             s.ready = self.lanes.event(self.lanes.h2d)
         s.group, s.version = g, self.versions[g]
         self.bytes_h2d += n * 4
         self._count_in_flight()
+
+    def fill(self, g: int, dst: torch.Tensor, master: torch.Tensor) -> None:
+        """Copy group g's host master into its device buffer (current stream: h2d).
+        outcore.parallel overrides this: copy this rank's shard, then all-gather."""
+        dst.copy_(master, non_blocking=True)
 
     def acquire(self, g: int, master: torch.Tensor, after=None) -> torch.Tensor:
         """Group g's weights on the device (fp32, flat), usable on the compute stream."""
@@ -126,7 +131,7 @@ class DeviceCache:
         """The `rest` group on the device, reloaded when its master changed."""
         if self.rest_version != self.versions[0] and self.rest.numel():
             with self.lanes.on(self.lanes.h2d):
-                self.rest.copy_(master, non_blocking=True)
+                self.fill(0, self.rest, master)
                 ev = self.lanes.event(self.lanes.h2d)
             self.lanes.wait(self.lanes.compute, ev)  # stream wait: rest weights landed
             self.rest_version = self.versions[0]

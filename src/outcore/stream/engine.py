@@ -43,7 +43,7 @@ class Engine:
                  compute_dtype: torch.dtype | None = None, micro_batch_size: int | None = None,
                  max_grad_norm: float | None = None, gpu_memory: str | int | None = None,
                  blocks: str | None = None, gpu_updates: int | str | None = "auto",
-                 distributed: bool = False, verbose: bool = False):
+                 distributed: bool | None = None, verbose: bool = False):
         self.device = resolve_device(device)
         if compute_dtype is None:
             compute_dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
@@ -56,8 +56,6 @@ class Engine:
                                "or None")
         if max_grad_norm is not None and not max_grad_norm > 0:
             raise OutcoreError(f"max_grad_norm={max_grad_norm!r} must be > 0 or None")
-        if distributed:
-            raise OutcoreError("distributed=True is not built yet: run one process per job")
         self.gpu_memory = parse_bytes(gpu_memory, "gpu_memory")
         self.compute_dtype = compute_dtype
         self.micro_batch_size = micro_batch_size
@@ -67,10 +65,9 @@ class Engine:
         self.blocks_path, container = find_blocks(model, blocks)
         self.groups = build_groups(model, self.blocks_path, container)
         self.lanes = Lanes(self.device)
-        from .storage import HostState
-        self.host = HostState(self.groups, pin=self.lanes.cuda)
+        self.host = self._host_state()
         self.opt = GroupOptimizers(self.host.master, self.optimizer_config)
-        self.cache = DeviceCache(self.lanes, [g.numel for g in self.groups])
+        self.cache = self._device_cache()
         self.stash = ActivationStash(self.lanes, PinnedPool(pin=self.lanes.cuda))
         self.runner = BlockRunner(self)
         self.schedule = UpdateSchedule(self._apply_update)
@@ -102,6 +99,23 @@ class Engine:
         self.verbose = verbose
         if verbose:
             print(describe(self))
+
+    def __new__(cls, *args, distributed: bool | None = None, **kwargs):
+        # distributed=True, or None under torchrun (a process group of > 1 ranks): the
+        # sharded data-parallel engine of outcore.parallel.
+        if cls is Engine:
+            from ..parallel.launch import use_distributed
+            if use_distributed(distributed):
+                from ..parallel.engine import ShardedEngine
+                return super().__new__(ShardedEngine)
+        return super().__new__(cls)
+
+    def _host_state(self):
+        from .storage import HostState
+        return HostState(self.groups, pin=self.lanes.cuda)
+
+    def _device_cache(self) -> DeviceCache:
+        return DeviceCache(self.lanes, [g.numel for g in self.groups])
 
     # -- the user's view ---------------------------------------------------------
     @property
@@ -387,6 +401,10 @@ class Engine:
 
     @classmethod
     def load(cls, path, model: nn.Module, **kwargs) -> "Engine":
+        from ..parallel.launch import use_distributed
+        if cls is Engine and use_distributed(kwargs.get("distributed")):
+            from ..parallel.checkpoint import load as load_sharded
+            return load_sharded(path, model, **kwargs)
         from .checkpoint import load
         return load(cls, path, model, **kwargs)
 

@@ -1,0 +1,144 @@
+"""The sharded data-parallel engine: outcore.Engine(..., distributed=True) under torchrun.
+
+Per step, with N ranks each holding 1/N of every group's host state (shard.py):
+  batch     every rank gets the same global batch and keeps its rows (shares.py); its loss
+            is scaled by its share of the loss's denominator (label tokens that are not
+            -100 after the causal shift when the batch has `labels` and no loss_fn, else
+            rows), so the gradients summed over ranks are those of the whole batch's mean
+  forward   block g: this rank's shard host->device, all-gather into the slot, compute
+  backward  the fp32 flat gradient of g is reduce-scattered: each rank receives the sum
+            over ranks of its own slice, copies it to the host and runs AdamW on its shard
+  clipping  the global norm is the sum over ranks of each shard's norm^2 (one all-reduce)
+Device-side AdamW (gpu_updates) is off: its plan is measured per rank and would diverge.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..stream.engine import Engine
+from .comm import Comm
+from .launch import local_device, watchdog
+from .shard import ShardedCache, ShardedHost, placeholder
+from .shares import ShareMeter
+
+
+class ShardedEngine(Engine):
+    """Engine with sharded host state and data parallelism; see the module docstring.
+
+    shares: None (equal rows), a list of N positive weights, or "measured" (rows follow
+            each rank's measured compute rate: after steps 1..3 and every `measure_every`).
+    label_shift: how many leading label positions the model's loss drops (1: causal LM).
+    """
+
+    def __init__(self, model, optimizer=None, device="cpu", *, shares=None,
+                 measure_every: int = 20, label_shift: int = 1, **kwargs):
+        self.comm = Comm(watchdog())
+        self.rank, self.world = self.comm.rank, self.comm.world
+        if self.comm.nccl and device in ("cuda", "auto", None):
+            device = local_device()
+        kwargs.pop("distributed", None)
+        kwargs["gpu_updates"] = 0
+        self.label_shift = label_shift
+        self._loss_weight = 1.0
+        self._snapshot = False
+        super().__init__(model, optimizer, device, **kwargs)
+        self.meter = ShareMeter(self.comm, shares, every=measure_every)
+
+    # -- construction hooks ----------------------------------------------------------
+    def _host_state(self):
+        return ShardedHost(self.groups, self.rank, self.world, pin=self.lanes.cuda)
+
+    def _device_cache(self):
+        return ShardedCache(self.lanes, self.host.padded, self.comm)
+
+    # -- the user's view -------------------------------------------------------------
+    @property
+    def model(self):
+        """Collective (every rank must call it): the full fp32 weights, gathered into the
+        user's Parameters (4 bytes/param more on the host until the next train_step)."""
+        self.synchronize()
+        for g, grp in enumerate(self.groups):
+            full = self.gather_group(g)
+            for p, off in zip(grp.params, grp.offsets):
+                p.data = full[off:off + p.numel()].view(p.shape)
+        self._snapshot = True
+        return self._model
+
+    def gather_group(self, g: int, which: str = "master") -> torch.Tensor:
+        """Collective: group g's full padded flat buffer (master, exp_avg or exp_avg_sq) on
+        the host of every rank."""
+        src = {"master": self.host.master, "exp_avg": self.opt.m, "exp_avg_sq": self.opt.v}
+        shard = src[which][g]
+        dev = self.device if self.comm.nccl else torch.device("cpu")
+        full = torch.zeros(self.host.padded[g], dtype=torch.float32, device=dev)
+        if full.numel():
+            full.chunk(self.world)[self.rank].copy_(shard)
+            self.comm.all_gather(full)
+        return full.cpu()
+
+    def batch_rows(self, batch_size: int) -> tuple[int, int]:
+        """(start, rows) of this rank's slice of a global batch of `batch_size` rows."""
+        rows = self.meter.rows(batch_size)
+        return sum(rows[:self.rank]), rows[self.rank]
+
+    # -- the step ----------------------------------------------------------------------
+    def train_step(self, batch: dict, loss_fn=None) -> float:
+        """One step on the GLOBAL batch (every rank passes the same one); returns the
+        whole batch's mean loss (one all-reduce)."""
+        if self._snapshot:  # drop the gathered copy made by .model
+            for grp in self.groups:
+                for p in grp.params:
+                    p.data = placeholder(p)
+            self._snapshot = False
+        sizes = {v.shape[0] for v in batch.values()
+                 if isinstance(v, torch.Tensor) and v.dim()} if isinstance(batch, dict) else set()
+        if len(sizes) != 1:
+            return super().train_step(batch, loss_fn)  # let the base engine explain
+        B = sizes.pop()
+        start, n = self.batch_rows(B)
+        local = {k: v[start:start + n] if isinstance(v, torch.Tensor) and v.dim() else v
+                 for k, v in batch.items()}
+        labels = batch.get("labels")
+        if loss_fn is None and isinstance(labels, torch.Tensor) and labels.dim() >= 2:
+            s = self.label_shift
+            mine = int((local["labels"][:, s:] != -100).sum())
+            total = int((labels[:, s:] != -100).sum())
+            self._loss_weight = mine / max(1, total)
+        else:
+            self._loss_weight = n / B
+        part = super().train_step(local, loss_fn)
+        loss = self.comm.sum_(torch.tensor([part], dtype=torch.float64))
+        self.meter.observe(n, max(self.stats.compute_s, 1e-9))
+        self.stats.history[-1]["loss"] = float(loss)
+        self.stats.history[-1]["rows"] = n
+        return float(loss)
+
+    def _loss(self, out, batch, loss_fn) -> torch.Tensor:
+        return super()._loss(out, batch, loss_fn) * self._loss_weight
+
+    def grad_ready(self, g: int, grad: torch.Tensor, w32=None) -> None:
+        # grad: P_g, this rank's part -> P_g / N: every rank's part of this rank's slice.
+        super().grad_ready(g, self.comm.reduce_scatter(grad), w32)
+
+    def _finish_step(self, t0: float) -> None:
+        if self.max_grad_norm is None:
+            self.schedule.end_backward(1.0)
+            return
+        local = torch.stack([s.to(self.device) for s in self._sq]).sum().reshape(1)
+        if not self.comm.nccl:
+            local = local.cpu()
+        # Host sync: clipping needs the global norm (sum over ranks) before any update.
+        total = float(torch.sqrt(self.comm.sum_(local.double())).item())
+        self.last_grad_norm = total
+        if not torch.isfinite(torch.tensor(total)):
+            self.schedule.drop_pending()
+            self.schedule.end_backward(1.0)
+            self.stats.skipped_steps += 1
+            return
+        self.schedule.end_backward(min(1.0, self.max_grad_norm / (total + 1e-6)))
+
+    def save(self, path) -> None:
+        """Collective: every rank writes its shard into `path` (see parallel/checkpoint.py)."""
+        from .checkpoint import save
+        save(self, path)

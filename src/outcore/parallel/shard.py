@@ -1,0 +1,76 @@
+"""Host state sharded over ranks, and device slots filled by shard copy + all-gather.
+
+Group g (n_g elements) is padded to P_g = ceil(n_g / N) * N; rank r holds the fp32 master
+(and, in the optimizer, AdamW m and v) of elements [r * P_g/N, (r+1) * P_g/N) only, so
+the host holds 12 / N bytes per parameter per rank, plus O(largest block) of staging.
+The user's Parameters are left as 4-byte placeholders of the right shape (stride 0):
+`engine.model` gathers the real weights on request.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..memory import PinnedPool, pin_
+from ..stream.device import DeviceCache
+
+
+def padded(numel: int, world: int) -> int:
+    return -(-numel // world) * world
+
+
+def placeholder(p: torch.Tensor) -> torch.Tensor:
+    """A tensor shaped like p that holds one element (the real weights live in shards)."""
+    return torch.zeros((), dtype=p.dtype).expand(p.shape)
+
+
+class ShardedHost:
+    """master[g]: P_g / N fp32 (this rank's slice, pinned on CUDA); see module docstring."""
+
+    def __init__(self, groups, rank: int, world: int, pin: bool):
+        self.groups, self.rank, self.world, self.pin = groups, rank, world, pin
+        self.padded = [padded(g.numel, world) for g in groups]
+        self.master: list[torch.Tensor] = []
+        for g, P in zip(groups, self.padded):
+            s = P // world
+            lo, hi = rank * s, rank * s + s
+            shard = torch.zeros(s, dtype=torch.float32)
+            for p, off in zip(g.params, g.offsets):
+                a, b = max(off, lo), min(off + p.numel(), hi)
+                if a < b:
+                    shard[a - lo:b - lo].copy_(p.detach().reshape(-1)[a - off:b - off])
+                p.data = placeholder(p)  # frees the full copy: only the shard stays
+            self.master.append(pin_(shard) if pin and s else shard)
+        self.grad_pool = PinnedPool(pin=pin)
+
+    def bounds(self, g: int) -> tuple[int, int]:
+        """[lo, hi) of this rank's slice of group g's padded flat buffer."""
+        s = self.padded[g] // self.world
+        return self.rank * s, self.rank * s + s
+
+    @property
+    def numel(self) -> int:
+        return sum(g.numel for g in self.groups)
+
+    def bytes(self) -> int:
+        return sum(m.numel() * 4 for m in self.master) + self.grad_pool.bytes_allocated
+
+
+class ShardedCache(DeviceCache):
+    """DeviceCache whose slots hold padded groups, filled by shard h2d copy + all-gather.
+
+    The copy (1/N of the block over this GPU's PCIe link) and the all-gather (NVLink on
+    one machine) are both enqueued on the h2d stream; NCCL runs the gather on its own
+    stream ordered after the copy, and the slot's `ready` event covers both.
+    """
+
+    def __init__(self, lanes, numels: list[int], comm):
+        super().__init__(lanes, numels)
+        self.comm = comm
+        self.bytes_h2d_shard = 0
+
+    def fill(self, g: int, dst: torch.Tensor, master: torch.Tensor) -> None:
+        own = dst.chunk(self.comm.world)[self.comm.rank] if dst.numel() else dst
+        own.copy_(master, non_blocking=True)
+        self.bytes_h2d_shard += master.numel() * 4
+        self.comm.all_gather(dst)

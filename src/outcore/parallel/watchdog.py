@@ -1,0 +1,72 @@
+"""Heartbeats through the rendezvous store: a dead rank makes the others exit, naming it.
+
+Every rank writes `hb/{rank}` = its wall time every `interval` s from a daemon thread and
+reads everybody else's. A rank whose heartbeat is older than `timeout` s (or a store that
+stops answering: rank 0 hosts torchrun's TCPStore, so that means rank 0 is gone) ends
+this process with a one-line message, instead of hanging in a collective forever.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+
+
+class Watchdog:
+    """Daemon thread; `dead()` lists ranks seen dead so far (used to name them in errors)."""
+
+    def __init__(self, store, rank: int, world: int, timeout: float = 20.0,
+                 interval: float = 1.0, exit_process: bool = True):
+        self.store, self.rank, self.world = store, rank, world
+        self.timeout, self.interval = timeout, interval
+        self.exit_process = exit_process
+        self._dead: list[int] = []
+        self._stop = threading.Event()
+        self._beat()
+        self._thread = threading.Thread(target=self._run, name="outcore-watchdog",
+                                        daemon=True)
+        self._thread.start()
+
+    def _beat(self) -> None:
+        self.store.set(f"hb/{self.rank}", repr(time.time()))
+
+    def dead(self) -> list[int]:
+        return list(self._dead)
+
+    def _fail(self, msg: str) -> None:
+        print(f"outcore: rank {self.rank}: {msg}; exiting", file=sys.stderr, flush=True)
+        if self.exit_process:
+            os._exit(3)  # no clean shutdown is possible: a collective may be blocked forever
+
+    def _run(self) -> None:
+        start = time.time()
+        while not self._stop.wait(self.interval):
+            try:
+                self._beat()
+                now = time.time()
+                for r in range(self.world):
+                    if r == self.rank:
+                        continue
+                    try:
+                        seen = float(self.store.get(f"hb/{r}")) if self.store.check(
+                            [f"hb/{r}"]) else start
+                    except (RuntimeError, ValueError):
+                        seen = start
+                    if now - seen > self.timeout and r not in self._dead:
+                        self._dead.append(r)
+                if self._dead:
+                    self._fail(f"rank {', '.join(map(str, self._dead))} stopped (no heartbeat "
+                               f"for {self.timeout:.0f} s): it died or hangs")
+                    return
+            except Exception as e:  # the store is gone: it lives in rank 0's process
+                if self._stop.is_set():
+                    return
+                self._dead.append(0)
+                self._fail(f"rank 0 is gone (the rendezvous store it hosts stopped "
+                           f"answering: {str(e).splitlines()[0] if str(e) else type(e).__name__})")
+                return
+
+    def stop(self) -> None:
+        self._stop.set()

@@ -1,0 +1,110 @@
+"""2 and 3 gloo ranks train exactly like plain PyTorch on the whole batch; a dead rank is named."""
+
+import copy
+
+import pytest
+import torch
+
+from outcore.parallel import split_rows
+from tests.stream.models import batch_for, loss_fn_for, make
+
+from .spawn_parallel import run_ranks
+
+LR, EPS, WD = 3e-3, 1e-6, 0.1
+
+
+def plain(family, rows, steps, clip):
+    """Plain PyTorch, whole batch at once: (losses, {name: param}, numel)."""
+    torch.manual_seed(1)
+    model = make(family)
+    ref = copy.deepcopy(model)
+    gen = torch.Generator().manual_seed(2)
+    batches = [batch_for(family, gen, rows=rows) for _ in range(steps)]
+    opt = torch.optim.AdamW(ref.parameters(), lr=LR, eps=EPS, weight_decay=WD)
+    fn = loss_fn_for(family)
+    losses = []
+    for b in batches:
+        opt.zero_grad()
+        if fn is None:
+            loss = ref(**b).loss
+        else:
+            loss = fn(ref(b["x"] if "x" in b else b["input"]), b)
+        loss.backward()
+        if clip is not None:
+            torch.nn.utils.clip_grad_norm_(ref.parameters(), clip)
+        opt.step()
+        losses.append(loss.item())
+    numel = sum(p.numel() for p in ref.parameters())
+    return losses, dict(ref.named_parameters()), numel
+
+
+def rel(a, b):
+    return ((a - b).norm() / b.norm().clamp(min=1e-12)).item()
+
+
+def check(got_losses, got_params, want_losses, want_params):
+    assert len(got_losses) == len(want_losses)
+    for g, w in zip(got_losses, want_losses):
+        assert abs(g - w) <= 1e-5 * abs(w), (got_losses, want_losses)
+    for name, p in want_params.items():
+        assert rel(got_params[name], p.detach()) < 1e-4, name
+
+
+CASES = [  # family, ranks, rows, shares, clip, micro
+    ("decoder", 2, 6, None, 0.05, 2),
+    ("decoder", 3, 6, [1, 2, 3], None, None),
+    ("list", 2, 7, "measured", 0.5, None),
+    ("gpt2", 3, 5, [3, 1, 1], 0.05, None),
+]
+
+
+@pytest.mark.parametrize("family,n,rows,shares,clip,micro", CASES)
+def test_ranks_match_whole_batch_training(tmp_path, family, n, rows, shares, clip, micro):
+    steps = 3
+    cfg = {"family": family, "rows": rows, "steps": steps, "shares": shares, "clip": clip,
+           "micro": micro, "out": str(tmp_path / "out")}
+    if n == 3 and family == "decoder":
+        cfg.update(save_at=2, ckpt=str(tmp_path / "ckpt"))
+    rc, errs, _ = run_ranks(cfg, n)
+    assert rc == [0] * n, "\n".join(e[-2000:] for e in errs)
+    want_losses, want_params, numel = plain(family, rows, steps, clip)
+    outs = [torch.load(f"{cfg['out']}.{r}") for r in range(n)]
+    for o in outs:  # every rank reports the whole batch's loss and the same full weights
+        check(o["losses"], o["params"], want_losses, want_params)
+    # rows really split per the shares (unequal where asked), summing to the batch
+    rows_per_rank = [o["rows"][0] for o in outs]
+    assert sum(rows_per_rank) == rows
+    if isinstance(shares, list):
+        assert rows_per_rank == split_rows(rows, shares) and len(set(rows_per_rank)) > 1
+    # host state (master + m + v) is 1/N of the total on each rank
+    total = 12 * outs[0]["padded"]
+    assert sum(o["state_bytes"] for o in outs) == total
+    for o in outs:
+        assert o["state_bytes"] == total // n
+        assert o["state_bytes"] <= 12 * numel / n + 12 * 64
+    if "resumed_losses" in outs[0]:  # save at step 2 + load into a fresh engine + step 3
+        for o in outs:
+            check(o["resumed_losses"], o["resumed_params"], want_losses[2:], want_params)
+    if shares == "measured":
+        assert outs[0]["shares"] and abs(sum(outs[0]["shares"][-1]) - 1) < 1e-9
+
+
+def test_a_killed_rank_is_named_and_the_others_exit(tmp_path):
+    cfg = {"family": "decoder", "rows": 6, "steps": 4, "kill_rank": 1, "kill_step": 1,
+           "heartbeat": 5, "out": str(tmp_path / "out")}
+    rc, errs, seconds = run_ranks(cfg, 3, timeout=70)
+    assert rc[1] != 0  # the killed one
+    assert rc[0] != 0 and rc[2] != 0, errs
+    assert seconds < 60, seconds
+    assert "killed after timeout" not in "".join(errs)
+    assert "rank 1" in errs[0] + errs[2], errs
+    print(errs[0].strip().splitlines()[-1])
+
+
+def test_split_rows_follows_shares():
+    assert split_rows(10, [1, 1]) == [5, 5]
+    assert split_rows(6, [1, 2, 3]) == [1, 2, 3]
+    assert split_rows(3, [100, 1, 1]) == [1, 1, 1]  # every rank at least one row
+    assert sum(split_rows(101, [0.3, 0.7])) == 101
+    with pytest.raises(ValueError):
+        split_rows(1, [1, 1])
