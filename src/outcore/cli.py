@@ -38,12 +38,24 @@ def _train_parser(sub) -> None:
     p.add_argument("--gpu-memory", help="device memory budget, e.g. 24GiB")
     p.add_argument("--compute-dtype", choices=["auto", "float32", "bfloat16", "tf32"])
     p.add_argument("--seed", type=int)
+    p.add_argument("--nproc", type=int, help="data-parallel ranks on this machine (re-runs "
+                   "itself under torchrun; host state sharded over them)")
     p.set_defaults(func=_run_train)
 
 
 def _run_train(args) -> int:
     from . import config, train
-    flags = {k: v for k, v in vars(args).items() if k not in ("func", "config", "command")}
+    from .parallel.launch import init_distributed, relaunch, under_torchrun
+    if args.nproc and args.nproc > 1 and not under_torchrun():
+        argv = sys.argv[1:]
+        i = argv.index("--nproc") if "--nproc" in argv else None
+        argv = argv[:i] + argv[i + 2:] if i is not None else \
+            [a for a in argv if not a.startswith("--nproc=")]
+        return relaunch(args.nproc, argv or ["train"])
+    if under_torchrun():
+        init_distributed()  # Engine(...) then shards its state over the ranks
+    flags = {k: v for k, v in vars(args).items()
+             if k not in ("func", "config", "command", "nproc")}
     file_values = config.load_toml(args.config) if args.config else {}
     cfg = config.build(file_values, flags)
     summary = train.run(cfg)
