@@ -1,0 +1,194 @@
+"""Data-parallel streaming on two GPUs: scaling, unequal GPUs, largest model.
+
+    cd <repo> && PYTHONPATH=src python3 bench/parallel.py          # ~6-8 min on 2 x H200
+    PYTHONPATH=src python3 bench/parallel.py --smoke                # CPU, gloo, 2 ranks, secs
+
+Writes bench/results/parallel-<machine>.json (DESIGN.md's format). Each case is one job of
+1 or 2 ranks started as torchrun would (RANK/WORLD_SIZE/MASTER_*), with a wall-clock cap;
+a failed or timed-out case becomes a row with "error". Cases:
+  3b-1gpu, 3b-2gpu           16k tokens per GPU per step (seq 2048): tokens_per_s
+  3b-slowed-equal/-measured  rank 1's GPU shares its SMs with a side thread running bf16
+                             matmuls on its own stream (GPU settings never touched)
+  largest-1gpu, largest-2gpu the largest reference size whose host need (model build
+                             4 B/param per rank + 12 B/param state + margin) fits host RAM
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import torch  # noqa: E402
+
+from common import header, median, table, write  # noqa: E402
+
+
+def _slow_down(device, stop: threading.Event) -> None:
+    """The co-running kernel: large bf16 matmuls on a side stream of `device`."""
+    torch.cuda.set_device(device)
+    a = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
+    s = torch.cuda.Stream(device)
+    with torch.cuda.stream(s):
+        while not stop.is_set():
+            for _ in range(8):
+                a @ a
+            s.synchronize()  # host sync: bounds the queued side work
+
+
+def worker(case: dict) -> None:
+    """One rank: build the model, train case['steps'] steps, rank 0 writes the row."""
+    import outcore
+    from outcore.models import decoder
+    from outcore.parallel import init_distributed, shutdown
+    n = case["nproc"]
+    rank = int(os.environ.get("RANK", 0))
+    if n > 1:
+        init_distributed()
+    cuda = torch.cuda.is_available()
+    device = f"cuda:{rank}" if cuda else "cpu"
+    torch.manual_seed(0)
+    model = decoder(case["size"], max_seq=case["seq"])
+    kw = dict(device=device, micro_batch_size=case["micro"], max_grad_norm=1.0,
+              gpu_memory=case.get("gpu_memory"))
+    if n > 1:
+        kw.update(distributed=True, shares=case.get("shares"), measure_every=5)
+    engine = outcore.Engine(model, optimizer=outcore.AdamW(lr=1e-4), **kw)
+    stop = threading.Event()
+    if case.get("slow_rank") == rank and cuda:
+        threading.Thread(target=_slow_down, args=(device, stop), daemon=True).start()
+    vocab = model.cfg.vocab if hasattr(model, "cfg") else 256
+    gen = torch.Generator().manual_seed(1)
+    rows = case["rows_per_gpu"] * n
+    times, losses = [], []
+    for i in range(case["steps"]):
+        x = torch.randint(0, vocab, (rows, case["seq"]), generator=gen)
+        t = time.perf_counter()
+        losses.append(engine.train_step({"input_ids": x, "labels": x}))
+        if cuda:
+            torch.cuda.synchronize()  # host sync: time whole steps
+        times.append(time.perf_counter() - t)
+    stop.set()
+    steady = times[case["warmup"]:] or times
+    step = median(steady)
+    row = {"tokens_per_s": rows * case["seq"] / step, "step_s": step,
+           "params": engine.num_params, "host_bytes_per_param":
+           engine.host_bytes_per_param() * n,  # the machine's total over its ranks
+           "host_bytes_per_param_per_rank": engine.host_bytes_per_param(),
+           "peak_gpu_gb": engine.stats.peak_device_bytes / 1e9,
+           "first_loss": losses[0], "last_loss": losses[-1], "steps": len(times),
+           "tokens_per_step": rows * case["seq"]}
+    if n > 1:
+        row["shares"] = engine.meter.shares
+        row["rows_last_step"] = engine.stats.history[-1]["rows"]
+    engine.close()
+    if rank == 0:
+        Path(case["out"]).write_text(json.dumps(row))
+    if n > 1:
+        shutdown()
+
+
+def run_case(case: dict, limit_s: float) -> dict:
+    """Start case['nproc'] ranks of this script; the row (or an error row)."""
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = Path(tempfile.mkdtemp()) / "row.json"
+    case = dict(case, out=str(out))
+    procs = []
+    for r in range(case["nproc"]):
+        env = dict(os.environ, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(case["nproc"]),
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        procs.append(subprocess.Popen([sys.executable, __file__, "--worker", json.dumps(case)],
+                                      env=env, stderr=subprocess.PIPE, text=True))
+    t0 = time.monotonic()
+    err = ""
+    for p in procs:
+        try:
+            _, e = p.communicate(timeout=max(1, limit_s - (time.monotonic() - t0)))
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            _, e = p.communicate()
+            e = (e or "") + f"\ntimed out after {limit_s:.0f} s"
+        if p.returncode:
+            err = err or (e or "").strip().splitlines()[-1] if (e or "").strip() else \
+                f"rank exited {p.returncode}"
+    base = {"system": "outcore", "case": case["name"], "gpus_used": case["nproc"]}
+    if out.is_file() and not err:
+        return {**base, **json.loads(out.read_text())}
+    return {**base, "error": err[-300:] or "no result"}
+
+
+def largest_size(nproc: int, host_bytes: int, smoke: bool) -> str:
+    from outcore.models import SIZES
+    if smoke:
+        return "small"
+    best = "1b"
+    for name, cfg in SIZES.items():
+        p = cfg.num_params()
+        need = p * (4 * nproc + 14) + 24 * 2**30  # build copies + state + pinned pools
+        if need <= 0.85 * host_bytes and p > SIZES[best].num_params():
+            best = name
+    return best
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0] + " (~6-8 min on "
+                                 "2 x H200; --smoke: seconds on the CPU)")
+    ap.add_argument("--smoke", action="store_true", help="CPU, gloo, 2 ranks, tiny sizes")
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    ap.add_argument("--case-limit", type=float, default=150.0, help="seconds per case")
+    args = ap.parse_args()
+    if args.worker:
+        worker(json.loads(args.worker))
+        return
+    smoke = args.smoke or not torch.cuda.is_available()
+    host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    size, seq, rpg, micro = ("tiny", 64, 2, 1) if smoke else ("3b", 2048, 8, 2)
+    steps, warm = (3, 1) if smoke else (8, 3)
+    c = dict(size=size, seq=seq, rows_per_gpu=rpg, micro=micro, steps=steps, warmup=warm)
+    cases = [dict(c, name="3b-1gpu", nproc=1), dict(c, name="3b-2gpu", nproc=2),
+             dict(c, name="3b-slowed-equal", nproc=2, slow_rank=1),
+             dict(c, name="3b-slowed-measured", nproc=2, slow_rank=1, shares="measured",
+                  steps=steps + (2 if smoke else 6))]
+    for n in (1, 2):
+        cases.append(dict(c, name=f"largest-{n}gpu", nproc=n, size=largest_size(n, host, smoke),
+                          rows_per_gpu=rpg, steps=3 if not smoke else 2, warmup=1))
+    doc = header("parallel")
+    for case in cases:
+        t = time.monotonic()
+        row = run_case(case, 60.0 if smoke else args.case_limit)
+        row["size"] = case["size"]
+        row["wall_s"] = time.monotonic() - t
+        doc["runs"].append(row)
+        print(f"{case['name']}: {'error: ' + row['error'] if 'error' in row else 'ok'} "
+              f"({row['wall_s']:.0f} s)", flush=True)
+    by = {r["case"]: r for r in doc["runs"]}
+
+    def ratio(a, b, key="tokens_per_s"):
+        x, y = by.get(a, {}).get(key), by.get(b, {}).get(key)
+        return x / y if x and y else None
+    doc["summary"] = {"2gpu_over_1gpu": ratio("3b-2gpu", "3b-1gpu"),
+                      "measured_over_equal": ratio("3b-slowed-measured", "3b-slowed-equal"),
+                      "largest_params_2gpu_over_1gpu":
+                          ratio("largest-2gpu", "largest-1gpu", "params"),
+                      "targets": {"2gpu_over_1gpu": 1.9, "measured_over_equal": 1.3,
+                                  "largest_params_2gpu_over_1gpu": 1.8}}
+    name = "parallel-cpu-smoke" if smoke else "parallel-h200x2"
+    path = write(doc, name)
+    print(f"wrote {path}\nsummary: {json.dumps(doc['summary'])}")
+    print(table(doc["runs"], ["case", "size", "params", "tokens_per_s", "host_bytes_per_param",
+                              "peak_gpu_gb", "shares", "error"]))
+
+
+if __name__ == "__main__":
+    main()
