@@ -145,8 +145,13 @@ class Engine:
                            "update on the device")
 
     def set_lr(self, lr: float) -> None:
-        """Learning rate for the updates of the next step (and any still pending)."""
-        self.opt.set_lr(lr)
+        """Learning rate for the updates of the next train_step.
+
+        Bound when that step's backward begins: its forward has waited for every update of
+        the step before, so updates still pending now keep their own step's rate (setting
+        it at once raced with them: runs with a schedule were not reproducible).
+        """
+        self._next_lr = lr
 
     @property
     def num_params(self) -> int:
@@ -292,6 +297,9 @@ class Engine:
             loss = self._loss(out, dev_batch, loss_fn)
         # Every update of the last step has been waited for by this forward, so holding
         # (clipping) now cannot starve it.
+        if getattr(self, "_next_lr", None) is not None:  # no update is pending here
+            self.opt.set_lr(self._next_lr)
+            self._next_lr = None
         self.schedule.begin_backward(hold=self.max_grad_norm is not None)
         loss.backward()
         if rest.numel():
