@@ -81,11 +81,11 @@ def build_model(cfg: TrainConfig):
         max_seq = max(SIZES[cfg.model].max_seq, cfg.seq_len)
         return decoder(cfg.model, max_seq=max_seq), ByteTokenizer()
     if is_hf_dir(cfg.model):
-        model, tok = load_hf(cfg.model)
-        if tok is None:
+        from .hf import load_tokenizer
+        if load_tokenizer(cfg.model) is None:  # before any weight is read
             raise OutcoreError(f"--model {cfg.model} has no tokenizer files: add them to the "
                                "checkpoint directory")
-        return model, tok
+        return load_hf(cfg.model)
     raise OutcoreError(f"--model {cfg.model!r} is neither a reference size "
                        f"({', '.join(SIZES)}) nor a Hugging Face checkpoint directory")
 
