@@ -63,10 +63,17 @@ def _run_train(args) -> int:
     return 128 + sig if sig else 0  # the shell's convention for "ended by a signal"
 
 
+class _OneLineParser(argparse.ArgumentParser):
+    """Usage mistakes as one line on stderr (exit 2), pointing at --help."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="outcore", description="Train models larger than "
-                                     "GPU memory, from host memory.")
-    sub = parser.add_subparsers(dest="command")
+    parser = _OneLineParser(prog="outcore", description="Train models larger than "
+                            "GPU memory, from host memory.")
+    sub = parser.add_subparsers(dest="command", parser_class=_OneLineParser)
     _train_parser(sub)
     from . import plan_cli
     plan_cli.register(sub)

@@ -1,0 +1,78 @@
+"""The CLI's edges: unknown flags and config keys, bad values, `outcore plan`, refusal."""
+
+import time
+
+import pytest
+
+from outcore.cli import main
+from outcore.config import build, load_toml
+from outcore.errors import OutcoreError
+
+
+def _err(capsys):
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    return err
+
+
+def test_unknown_flag_is_one_line(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["train", "--max-stepz", "3"])
+    assert e.value.code == 2
+    assert "unrecognized arguments: --max-stepz" in _err(capsys)
+    with pytest.raises(SystemExit):
+        main(["train", "--grad-accum", "two"])
+    assert "invalid int value" in _err(capsys)
+
+
+def test_unknown_and_mistyped_config_keys(tmp_path, capsys):
+    f = tmp_path / "c.toml"
+    f.write_text("[train]\nmax_step = 3\n")
+    assert main(["train", "--config", str(f)]) == 2
+    assert "unknown config key 'max_step'" in _err(capsys)
+    f.write_text("[train]\nseq_len = 'long'\n")
+    assert main(["train", "--config", str(f)]) == 2
+    assert "'seq_len' must be an integer" in _err(capsys)
+    f.write_text("[train]\nseq-len = 64\nlr = 1\ngrad_accum = 2\n")
+    cfg = build(load_toml(f), {"seq_len": 32})
+    assert (cfg.seq_len, cfg.lr, cfg.grad_accum) == (32, 1.0, 2)  # flags win over the file
+    with pytest.raises(OutcoreError, match="grad_accum=0 must be >= 1"):
+        build({}, {"grad_accum": 0})
+
+
+def test_plan_fits_and_does_not_fit(capsys):
+    rc = main(["plan", "--model", "7b", "--gpu-memory", "24GiB", "--host-memory", "256GiB",
+               "--tokens-per-step", "65536", "--micro-tokens", "4096", "--no-calibrate"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "verdict: fits" in out
+    assert "16 B/param" in out and "6,738.4M params" in out
+    rc = main(["plan", "--model", "70b", "--gpu-memory", "24GiB", "--host-memory", "256GiB",
+               "--no-calibrate"])
+    out = capsys.readouterr().out
+    assert rc == 1 and "DOES NOT FIT" in out and "1.0 TiB of host memory" in out
+
+
+def test_plan_calibrates_a_step_time(capsys):
+    assert main(["plan", "--model", "tiny", "--tokens-per-step", "2048", "--device", "cpu",
+                 "--host-memory", "1GiB", "--compute-dtype", "float32"]) == 0
+    out = capsys.readouterr().out
+    assert "calibration (cpu): matmul" in out and "tokens/s; bound by" in out
+
+
+def test_plan_numbers_match_the_formula():
+    from outcore.models import SIZES
+    from outcore.planner import make_plan, model_shape
+    s = model_shape("125m")
+    assert s.params == SIZES["125m"].num_params()
+    p = make_plan(s, tokens_per_step=1024, host_limit=None, clip=False)
+    assert p.host_state_bytes == 12 * s.params and p.fits
+
+
+def test_train_refuses_before_allocating(tmp_path, capsys):
+    t = time.perf_counter()
+    rc = main(["train", "--model", "70b", "--device", "cpu", "--output-dir", str(tmp_path)])
+    assert rc == 2
+    err = _err(capsys)
+    assert "refusing to start" in err and "host memory (16 B/param)" in err
+    assert time.perf_counter() - t < 20  # nothing large was built
+    assert not any(tmp_path.iterdir())
