@@ -69,3 +69,15 @@ def test_cli_refuses_checkpoint_without_tokenizer(tmp_path, corpus, capsys):
                "--output-dir", str(tmp_path / "o"), "--device", "cpu"])
     err = capsys.readouterr().err.strip()
     assert rc == 2 and "has no tokenizer files" in err and len(err.splitlines()) == 1
+
+
+def test_empty_model_allocates_no_parameters(tmp_path):
+    """The shard-by-shard load starts from a model whose parameters take no memory."""
+    from outcore.hf import empty_model
+    cfg = tf.LlamaConfig(vocab_size=32000, hidden_size=2048, intermediate_size=5632,
+                         num_hidden_layers=8, num_attention_heads=16)
+    cfg.save_pretrained(str(tmp_path))
+    m = empty_model(str(tmp_path))  # ~0.5B params: 2 GB if it were materialised
+    params = list(m.parameters())
+    assert sum(p.numel() for p in params) > 4e8
+    assert all(p.device.type == "meta" for p in params)

@@ -96,3 +96,13 @@ def test_logs_and_keep_last(tmp_path, corpus):
     kept = sorted(d.name for d in (out / "checkpoints").iterdir())
     assert kept == ["step-00000002", "step-00000003"]
     assert (out / "final/trainer.json").is_file()
+
+
+def test_resume_refuses_other_data(tmp_path, corpus):
+    train.run(_cfg(tmp_path, corpus, max_steps=2))
+    other = tmp_path / "other.txt"
+    other.write_text("different text " * 100)
+    with pytest.raises(OutcoreError, match="trained on other data"):
+        train.run(_cfg(tmp_path, other, max_steps=3, resume=True))
+    with pytest.raises(OutcoreError, match="same --batch-size x --grad-accum"):
+        train.run(_cfg(tmp_path, corpus, max_steps=3, resume=True, batch_size=2))
