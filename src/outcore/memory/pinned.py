@@ -24,11 +24,18 @@ def _cuda_ok() -> bool:
     return torch.cuda.is_available()
 
 
+_REGISTER_MIN = 4 << 20  # below this, pages may be shared with other allocations
+
+
 def pin_(t: torch.Tensor) -> torch.Tensor:
-    """Page-lock `t`'s storage in place (no copy). No-op without CUDA or for empty tensors."""
+    """Page-locked `t`: its own storage registered in place when large (no copy), else a
+    pinned copy (small allocations can share pages with others, and registering a page
+    twice fails). Use the returned tensor. No-op without CUDA or for empty tensors."""
     if not _cuda_ok() or t.numel() == 0 or t.is_pinned():
         return t
     nbytes = t.untyped_storage().nbytes()
+    if nbytes < _REGISTER_MIN:
+        return t.pin_memory()
     rc = torch.cuda.cudart().cudaHostRegister(t.untyped_storage().data_ptr(), nbytes, 0)
     if int(rc) != 0:
         raise RuntimeError(f"cudaHostRegister of {nbytes} bytes failed with code {int(rc)}")

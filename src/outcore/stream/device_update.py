@@ -36,8 +36,9 @@ class DeviceUpdater:
         for g in gs:
             if g not in self.groups and self.e.groups[g].numel:
                 if self.e.lanes.cuda:
-                    pin_(self.e.opt.m[g])  # pinned once: DMA in and out every step
-                    pin_(self.e.opt.v[g])
+                    # Pinned once: DMA in and out every step.
+                    self.e.opt.m[g] = pin_(self.e.opt.m[g])
+                    self.e.opt.v[g] = pin_(self.e.opt.v[g])
                 self.groups.add(g)
 
     def prefetch(self, g: int) -> None:

@@ -27,13 +27,14 @@ class HostState:
         self.master: list[torch.Tensor] = []
         for g in groups:
             flat = torch.empty(g.numel, dtype=torch.float32)
+            flat = pin_(flat) if pin else flat  # before the views: pin_ may copy
             for p, off in zip(g.params, g.offsets):
                 view = flat[off:off + p.numel()].view_as(p)
                 view.copy_(p.detach())
                 # Re-point the Parameter at the flat buffer: the old storage is freed, so
                 # the host never holds two fp32 copies of the weights.
                 p.data = view
-            self.master.append(pin_(flat) if pin else flat)
+            self.master.append(flat)
         self.grad_pool = PinnedPool(pin=pin)
 
     @property
