@@ -20,39 +20,14 @@ import os
 import re
 import shutil
 import signal
-import tempfile
 from pathlib import Path
+
+from .stream.checkpoint import atomic_dir
 
 STEP_RE = re.compile(r"^step-(\d+)$")
 # Fault injection for the crash tests: SIGKILL this process in the middle of writing the
 # checkpoint of this step (after the engine state, before trainer.json and the rename).
 KILL_ENV = "OUTCORE_TEST_KILL_DURING_SAVE"
-
-
-def _fsync_tree(root: Path) -> None:
-    for f in root.rglob("*"):
-        if f.is_file():
-            with open(f, "rb") as fh:
-                os.fsync(fh.fileno())
-
-
-def write_atomic(path: Path, write) -> None:
-    """write(tmpdir) then rename tmpdir to path (replacing an older path)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
-    try:
-        write(tmp)
-        _fsync_tree(tmp)  # contents on disk before the rename makes them visible
-        old = None
-        if path.exists():
-            old = path.parent / f".{path.name}.old-{os.getpid()}"
-            os.replace(path, old)
-        os.replace(tmp, path)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
 
 
 def save_run(path: Path, engine, tokenizer, trainer_state: dict, hf: bool) -> None:
@@ -65,7 +40,7 @@ def save_run(path: Path, engine, tokenizer, trainer_state: dict, hf: bool) -> No
         if os.environ.get(KILL_ENV) == str(trainer_state["step"]):
             os.kill(os.getpid(), signal.SIGKILL)
         (tmp / "trainer.json").write_text(json.dumps(trainer_state, indent=1))
-    write_atomic(path, write)
+    atomic_dir(path, write)
 
 
 def is_complete(path: Path) -> bool:

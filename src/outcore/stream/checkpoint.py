@@ -32,9 +32,10 @@ def atomic_dir(path: Path, write) -> None:
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
     try:
         write(tmp)
-        for f in tmp.iterdir():  # flush file contents before the rename makes them visible
-            with open(f, "rb") as fh:
-                os.fsync(fh.fileno())
+        for f in tmp.rglob("*"):  # flush file contents before the rename makes them visible
+            if f.is_file():
+                with open(f, "rb") as fh:
+                    os.fsync(fh.fileno())
         old = None
         if path.exists():
             old = path.parent / f".{path.name}.old-{os.getpid()}"
