@@ -117,9 +117,14 @@ class ShardedEngine(Engine):
     def _loss(self, out, batch, loss_fn) -> torch.Tensor:
         return super()._loss(out, batch, loss_fn) * self._loss_weight
 
-    def grad_ready(self, g: int, grad: torch.Tensor, w32=None) -> None:
+    def grad_ready(self, g: int, grad: torch.Tensor, w32=None, ring_i=None) -> None:
         # grad: P_g, this rank's part -> P_g / N: every rank's part of this rank's slice.
-        super().grad_ready(g, self.comm.reduce_scatter(grad), w32)
+        part = self.comm.reduce_scatter(grad)
+        if ring_i is not None:
+            # Buffer reuse: the collective has read `grad` once the current stream passes
+            # this point (a synchronous collective makes the current stream wait for it).
+            self.grad_ring.give(ring_i, self.lanes.event())
+        super().grad_ready(g, part, w32)
 
     def _finish_step(self, t0: float) -> None:
         if self.max_grad_norm is None:

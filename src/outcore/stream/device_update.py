@@ -27,7 +27,8 @@ class DeviceUpdater:
     def __init__(self, engine):
         self.e = engine
         self.groups: set[int] = set()
-        self._mv: dict[int, tuple[torch.Tensor, torch.Tensor, object]] = {}
+        self._mv: dict[int, tuple[torch.Tensor, torch.Tensor, object, int | None]] = {}
+        self._ring = None  # 2 buffers of m|v for blocks (rest's are allocated per step)
         self.ready_events: dict[int, object] = {}
         self.bytes_h2d = 0
         self.bytes_d2h = 0
@@ -40,28 +41,41 @@ class DeviceUpdater:
                     self.e.opt.m[g] = pin_(self.e.opt.m[g])
                     self.e.opt.v[g] = pin_(self.e.opt.v[g])
                 self.groups.add(g)
+                if g and self._ring is None:
+                    from .ring import Ring
+                    block = self.e.cache.slots[0].buf.numel()
+                    self._ring = Ring(self.e.lanes, 2, 2 * block)
 
     def prefetch(self, g: int) -> None:
         """Start copying group g's m and v to the device (no-op if not a device group)."""
         if g not in self.groups or g in self._mv:
             return
         lanes, opt = self.e.lanes, self.e.opt
+        n = opt.m[g].numel()
         with lanes.on(lanes.h2d):
             # Stream wait: last step's d2h of this group's m, v must have landed.
             lanes.wait(lanes.h2d, self.ready_events.get(g))
-            m = opt.m[g].to(lanes.device, non_blocking=True)
-            v = opt.v[g].to(lanes.device, non_blocking=True)
+            if g and self._ring is not None:
+                i, buf = self._ring.take(lanes.h2d)
+                m, v = buf[:n], buf[n:2 * n]
+                m.copy_(opt.m[g], non_blocking=True)
+                v.copy_(opt.v[g], non_blocking=True)
+            else:
+                i = None
+                m = opt.m[g].to(lanes.device, non_blocking=True)
+                v = opt.v[g].to(lanes.device, non_blocking=True)
             ev = lanes.event(lanes.h2d)
-        self.bytes_h2d += 8 * m.numel()
-        self._mv[g] = (m, v, ev)
+        self.bytes_h2d += 8 * n
+        self._mv[g] = (m, v, ev, i)
 
-    def update(self, g: int, w32: torch.Tensor, grad: torch.Tensor, sq: torch.Tensor):
+    def update(self, g: int, w32: torch.Tensor, grad: torch.Tensor, sq: torch.Tensor,
+               keep_grad: bool = False):
         """Run AdamW for group g on the device and write it back; returns the d2h event."""
         e, lanes = self.e, self.e.lanes
         self.prefetch(g)
-        m, v, ev = self._mv.pop(g)
+        m, v, ev, ring_i = self._mv.pop(g)
         lanes.wait(lanes.compute, ev)  # stream wait: m, v landed on the device
-        if lanes.cuda:
+        if lanes.cuda and ring_i is None:
             # Buffer reuse: m, v were allocated on the h2d stream, used on compute.
             m.record_stream(lanes.compute)
             v.record_stream(lanes.compute)
@@ -74,9 +88,13 @@ class DeviceUpdater:
             e.opt.m[g].copy_(m, non_blocking=True)
             e.opt.v[g].copy_(v, non_blocking=True)
             done = lanes.event(lanes.d2h)
+        if ring_i is not None:
+            self._ring.give(ring_i, done)  # buffer reuse: after the d2h copy read m, v
         if lanes.cuda:
-            # Buffer reuse: m, v, grad may be recycled only after the d2h stream read them.
-            for t in (m, v, grad):
+            # Buffer reuse: m, v (unless from the ring) and grad (unless the caller owns it)
+            # may be recycled only after the d2h stream read them.
+            own = ([] if ring_i is not None else [m, v]) + ([] if keep_grad else [grad])
+            for t in own:
                 t.record_stream(lanes.d2h)
         else:
             e.nonfinite_check(g, sq)

@@ -28,6 +28,7 @@ from ..units import parse_bytes
 from .blocks import build_groups, find_blocks
 from .device import DeviceCache
 from .device_update import DeviceUpdater
+from .ring import Ring
 from .optimizer import AdamW, GroupOptimizers
 from .runner import BlockFn, BlockRunner
 from .schedule import UpdateSchedule
@@ -68,6 +69,9 @@ class Engine:
         self.host = self._host_state()
         self.opt = GroupOptimizers(self.host.master, self.optimizer_config)
         self.cache = self._device_cache()
+        # Gradient buffers of the blocks, as large as a slot, reused in turn (ring.py).
+        self.grad_ring = Ring(self.lanes, 3, self.cache.slots[0].buf.numel()
+                              if self.cache.slots else 0)
         self.stash = ActivationStash(self.lanes, PinnedPool(pin=self.lanes.cuda))
         self.runner = BlockRunner(self)
         self.schedule = UpdateSchedule(self._apply_update)
@@ -204,15 +208,19 @@ class Engine:
             self.stash.prefetch(g)
         self.updater.prefetch(g)
 
-    def grad_ready(self, g: int, grad: torch.Tensor, w32: torch.Tensor | None = None) -> None:
+    def grad_ready(self, g: int, grad: torch.Tensor, w32: torch.Tensor | None = None,
+                   ring_i: int | None = None) -> None:
         """Group g's gradient (fp32, flat, on the device) is final for this step.
 
         w32: the fp32 weights of g on the device (its slot; `rest`'s buffer for g=0).
+        ring_i: the grad_ring buffer holding `grad` (None: an ordinary allocation).
         """
         sq = grad.pow(2).sum().reshape(1)
         self._sq.append(sq)
         if g in self.updater.groups:
-            done = self.updater.update(g, w32, grad, sq)
+            done = self.updater.update(g, w32, grad, sq, keep_grad=ring_i is not None)
+            if ring_i is not None:
+                self.grad_ring.give(ring_i, done)
             if g:
                 self.cache.release(g, free_after=done)
             return
@@ -226,7 +234,9 @@ class Engine:
             hbuf.copy_(grad, non_blocking=True)
             hsq.copy_(sq, non_blocking=True)
             done = self.lanes.event(self.lanes.d2h)
-        if self.lanes.cuda:
+        if ring_i is not None:
+            self.grad_ring.give(ring_i, done)  # buffer reuse: after the d2h copy read it
+        elif self.lanes.cuda:
             # Buffer reuse: grad's memory may be recycled only after the d2h copy read it.
             grad.record_stream(self.lanes.d2h)
         self.stats.bytes_d2h += grad.numel() * 4

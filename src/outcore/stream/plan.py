@@ -9,13 +9,14 @@ from ..units import fmt_bytes
 def fixed_device_bytes(engine) -> int:
     """Device bytes that do not depend on the batch.
 
-    3 fp32 slots of the largest block + its compute-dtype cast + its fp32 gradient and one
-    compute-dtype gradient; `rest` in fp32 with its fp32 gradient and a cast.
+    3 fp32 slots of the largest block + 3 fp32 gradient buffers (grad ring) + its
+    compute-dtype cast and one compute-dtype gradient; `rest` in fp32 with its fp32
+    gradient and a cast.
     """
     numels = [g.numel for g in engine.groups]
     block = max(numels[1:], default=0)
     c = 2 if engine.compute_dtype.itemsize == 2 else 4
-    return 3 * block * 4 + block * (c + 4 + c) + numels[0] * (4 + 4 + c)
+    return 3 * block * 4 + 3 * block * 4 + block * (c + c) + numels[0] * (4 + 4 + c)
 
 
 def check_fits(engine) -> None:

@@ -114,7 +114,8 @@ class BlockRunner:
         hs = split_like(hidden, B, n, size)
         gs = split_like(grad_out, B, n, size)
         xs = split_like(extra, B, n, size)
-        grad_w = torch.zeros(w.numel(), dtype=torch.float32, device=w.device)
+        ring_i, grad_w = e.grad_ring.take()
+        grad_w = grad_w[: w.numel()]
         grads_in = []
         t = e.timer.start()
         for i in range(n):
@@ -125,12 +126,15 @@ class BlockRunner:
                 out = self._call(g, leaf, h, xs[i])
             wrt = (leaf, h) if input_grad else (leaf,)
             grads = torch.autograd.grad(out, wrt, gs[i], allow_unused=True)
-            if grads[0] is not None:
-                grad_w += grads[0]  # fp32 accumulation across micro-batches
+            gw = grads[0] if grads[0] is not None else torch.zeros_like(leaf)
+            if i == 0:
+                grad_w.copy_(gw)  # fp32 accumulation across micro-batches
+            else:
+                grad_w += gw
             if input_grad:
                 grads_in.append(grads[1] if grads[1] is not None else torch.zeros_like(h))
         e.timer.stop(t)
-        e.grad_ready(g, grad_w, w32)
+        e.grad_ready(g, grad_w, w32, ring_i)
         if not input_grad:
             return None
         return grads_in[0] if n == 1 else torch.cat(grads_in, dim=0)
