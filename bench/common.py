@@ -16,11 +16,15 @@ RESULTS = ROOT / "bench" / "results"
 
 
 def git_commit() -> str:
+    """HEAD of the tree; where the tree has no .git (the GPU machine's copy), the
+    OUTCORE_COMMIT environment variable the run was given, else "unknown"."""
+    if os.environ.get("OUTCORE_COMMIT"):
+        return os.environ["OUTCORE_COMMIT"]
     try:
         return subprocess.check_output(["git", "rev-parse", "HEAD"], cwd=ROOT,
                                        stderr=subprocess.DEVNULL, text=True).strip()
     except (OSError, subprocess.CalledProcessError):
-        return os.environ.get("OUTCORE_COMMIT", "unknown")
+        return "unknown"
 
 
 def machine_name() -> str:

@@ -249,8 +249,8 @@ class Results:
     def __init__(self, path, machine, command):
         self.path = path
         gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
-        commit = subprocess.run(["git", "-C", REPO, "rev-parse", "HEAD"], capture_output=True,
-                                text=True).stdout.strip()
+        import common
+        commit = common.git_commit()
         self.doc = {"benchmark": "embed", "command": command, "commit": commit,
                     "machine": machine, "gpus": gpus, "torch": torch.__version__,
                     "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),

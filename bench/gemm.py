@@ -461,11 +461,8 @@ def main() -> int:
             if args.smoke:
                 env.devices = devices
                 two_gpus(env, rows, bar)
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=HERE, capture_output=True,
-                                text=True).stdout.strip() or "unknown"
-    except OSError:
-        commit = "unknown"
+    import common
+    commit = common.git_commit()
     result = {
         "benchmark": "gemm", "command": "python3 " + " ".join(sys.argv), "commit": commit,
         "machine": machine, "gpus": gpus, "torch": torch.__version__,

@@ -26,7 +26,6 @@ import gc
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
@@ -358,11 +357,8 @@ def host_available() -> int:
 
 
 def commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
+    import common
+    return common.git_commit()
 
 
 def table(rows: list) -> str:
