@@ -16,7 +16,7 @@ def register(sub) -> None:
     p.add_argument("--host-memory", help="host budget, e.g. 256GiB (default: available now)")
     p.add_argument("--tokens-per-step", type=int, default=65536)
     p.add_argument("--micro-tokens", type=int, help="tokens per micro-batch (default: "
-                   "the whole step)")
+                   "the whole step, halved until it fits the GPU budget)")
     p.add_argument("--compute-dtype", choices=["bfloat16", "float32"], default="bfloat16")
     p.add_argument("--no-clip", action="store_true", help="no gradient clipping: 12 host "
                    "B/param instead of 16")

@@ -187,17 +187,29 @@ class Plan:
 def make_plan(shape: ModelShape, *, tokens_per_step: int, micro_tokens: int | None = None,
               gpu_limit: int | None = None, host_limit: int | None = None, clip: bool = True,
               compute_itemsize: int = 2, calib: Calibration | None = None) -> Plan:
-    """Bytes (and with `calib`, seconds) of one step; micro_tokens defaults to the step."""
-    micro = micro_tokens or tokens_per_step
+    """Bytes (and with `calib`, seconds) of one step.
+
+    micro_tokens None: the whole step when it fits `gpu_limit`, else the largest halving
+    of it (down to one 1024-token piece) whose working set fits.
+    """
     fake = SimpleNamespace(groups=[SimpleNamespace(numel=shape.rest_params)] +
                            [SimpleNamespace(numel=shape.block_params)] * shape.layers,
                            compute_dtype=torch.bfloat16 if compute_itemsize == 2 else torch.float32)
     from .stream.plan import fixed_device_bytes
     fixed = fixed_device_bytes(fake)
     c = compute_itemsize
-    # One block's forward graph for a micro-batch (~34 x dim bytes per token at 16 bits,
-    # Korthikanti et al.) plus fp32 logits, their softmax and gradient for the head.
-    work = int(micro * shape.dim * 34 * c / 2) + micro * shape.vocab * 4 * 3
+
+    def work_bytes(m: int) -> int:
+        # One block's forward graph for a micro-batch (~34 x dim bytes per token at 16
+        # bits, Korthikanti et al.) plus fp32 logits, their softmax and gradient for the
+        # head (the reference decoder computes its loss in 4096-token chunks).
+        return int(m * shape.dim * 34 * c / 2) + min(m, 4096) * shape.vocab * 4 * 3
+
+    micro = micro_tokens or tokens_per_step
+    if micro_tokens is None and gpu_limit is not None:
+        while micro > 1024 and fixed + work_bytes(micro) > gpu_limit:
+            micro = max(1024, micro // 2)
+    work = work_bytes(micro)
     ckpt = tokens_per_step * shape.dim * c * shape.layers
     bpp = 16 if clip else 12
     plan = Plan(shape, tokens_per_step, micro, bpp, bpp * shape.params, host_limit, fixed, work,
