@@ -7,10 +7,9 @@ import torch
 
 from outcore.parallel import split_rows
 from tests.stream.models import batch_for, loss_fn_for, make
+from tests.stream.test_equivalence import EPS, LR, WD, plain_steps
 
 from .spawn_parallel import run_ranks
-
-LR, EPS, WD = 3e-3, 1e-6, 0.1
 
 
 def plain(family, rows, steps, clip):
@@ -20,20 +19,7 @@ def plain(family, rows, steps, clip):
     ref = copy.deepcopy(model)
     gen = torch.Generator().manual_seed(2)
     batches = [batch_for(family, gen, rows=rows) for _ in range(steps)]
-    opt = torch.optim.AdamW(ref.parameters(), lr=LR, eps=EPS, weight_decay=WD)
-    fn = loss_fn_for(family)
-    losses = []
-    for b in batches:
-        opt.zero_grad()
-        if fn is None:
-            loss = ref(**b).loss
-        else:
-            loss = fn(ref(b["x"] if "x" in b else b["input"]), b)
-        loss.backward()
-        if clip is not None:
-            torch.nn.utils.clip_grad_norm_(ref.parameters(), clip)
-        opt.step()
-        losses.append(loss.item())
+    losses = plain_steps(ref, batches, loss_fn_for(family), clip)
     numel = sum(p.numel() for p in ref.parameters())
     return losses, dict(ref.named_parameters()), numel
 

@@ -75,21 +75,26 @@ def batch_loss(U, V, NU, NV, spec: LossSpec) -> torch.Tensor:
         U, V = F.normalize(U, dim=-1), F.normalize(V, dim=-1)
         NU, NV = F.normalize(NU, dim=-1), F.normalize(NV, dim=-1)
     B, d = U.shape
-    C = min(spec.chunk, B)
-    K = NU.shape[0]
     pos = (U * V).sum(1)
     total = U.new_zeros(())
-    full = (B // C) * C
-    for lo, hi, ks in ((0, full, slice(0, full // C)), (full, B, slice(full // C, K))):
-        if hi <= lo:
-            continue
-        c = C if lo == 0 else hi - lo
+    for lo, hi, ks, c in chunk_ranges(B, spec.chunk, NU.shape[0]):
         u = U[lo:hi].view(-1, c, d)
         v = V[lo:hi].view(-1, c, d)
         neg_t = _chunk_scores(u, v, NV[ks], spec)        # corrupt the target
         neg_s = _chunk_scores(v, u, NU[ks], spec)        # corrupt the source
         total = total + _side_loss(pos[lo:hi], neg_t, spec) + _side_loss(pos[lo:hi], neg_s, spec)
     return total
+
+
+def chunk_ranges(batch: int, chunk: int, k: int):
+    """(lo, hi, negatives slice, rows per chunk) for the full chunks of a batch, then the
+    remainder chunk if any; the negatives tensor holds one row block per chunk (k of them)."""
+    C = min(chunk, batch)
+    full = (batch // C) * C
+    if full:
+        yield 0, full, slice(0, full // C), C
+    if batch > full:
+        yield full, batch, slice(full // C, k), batch - full
 
 
 def num_chunks(batch: int, chunk: int) -> int:
@@ -150,17 +155,11 @@ def softmax_dot_grads(U, V, NU, NV, spec: LossSpec):
     """batch_grads for score="dot", loss="softmax" without autograd: both corruptions,
     each chunk's gradient rows written straight into dU, dV, dNU, dNV."""
     B, d = U.shape
-    C = min(spec.chunk, B)
-    K = NU.shape[0]
     dU, dV = torch.empty_like(U), torch.empty_like(V)
     dNU, dNV = torch.empty_like(NU), torch.empty_like(NV)
     pos = (U * V).sum(1)
     total = U.new_zeros(())
-    full = (B // C) * C
-    for lo, hi, ks in ((0, full, slice(0, full // C)), (full, B, slice(full // C, K))):
-        if hi <= lo:
-            continue
-        c = C if lo == 0 else hi - lo
+    for lo, hi, ks, c in chunk_ranges(B, spec.chunk, NU.shape[0]):
         u, v = U[lo:hi].view(-1, c, d), V[lo:hi].view(-1, c, d)
         du, dv = dU[lo:hi].view(-1, c, d), dV[lo:hi].view(-1, c, d)
         pc = pos[lo:hi].view(-1, c)

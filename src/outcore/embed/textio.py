@@ -56,10 +56,9 @@ def parse_numeric_chunk(buf: bytes, ncols: int, first_line: int, path: str,
     return _parse_slow(buf, ncols, first_line, path, weighted)
 
 
-def _parse_slow(buf, ncols, first_line, path, weighted):
-    """Line by line: raises naming the first bad line; skips blank lines."""
-    rows, lines = [], []
-    conv = float if weighted else int
+def _fields(buf: bytes, ncols: int, first_line: int, path: str):
+    """(line number, fields, raw line) of each non-blank line; a wrong column count raises
+    naming the line."""
     for i, line in enumerate(buf.split(b"\n")):
         parts = line.translate(_SEP).split()
         if not parts:
@@ -67,6 +66,14 @@ def _parse_slow(buf, ncols, first_line, path, weighted):
         lineno = first_line + i
         if len(parts) != ncols:
             raise _bad_line(path, lineno, ncols, line, f"found {len(parts)} columns")
+        yield lineno, parts, line
+
+
+def _parse_slow(buf, ncols, first_line, path, weighted):
+    """Line by line: raises naming the first bad line; skips blank lines."""
+    rows, lines = [], []
+    conv = float if weighted else int
+    for lineno, parts, line in _fields(buf, ncols, first_line, path):
         try:
             row = [int(parts[0]), int(parts[1])]
             if weighted:
@@ -88,13 +95,7 @@ def parse_string_chunk(buf: bytes, ncols: int, first_line: int, path: str, weigh
     `ids` (name -> index) grows as new names appear, in order of first appearance.
     """
     pairs, weights, lines = [], [], []
-    for i, line in enumerate(buf.split(b"\n")):
-        parts = line.translate(_SEP).split()
-        if not parts:
-            continue
-        lineno = first_line + i
-        if len(parts) != ncols:
-            raise _bad_line(path, lineno, ncols, line, f"found {len(parts)} columns")
+    for lineno, parts, line in _fields(buf, ncols, first_line, path):
         a = ids.setdefault(parts[0], len(ids))
         b = ids.setdefault(parts[1], len(ids))
         pairs.append((a, b))
