@@ -1,6 +1,5 @@
 """Sparse row optimizers and the chunked loss, against plain PyTorch doing the same densely."""
 
-import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F

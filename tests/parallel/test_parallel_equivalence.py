@@ -7,7 +7,7 @@ import torch
 
 from outcore.parallel import split_rows
 from tests.stream.models import batch_for, loss_fn_for, make
-from tests.stream.test_equivalence import EPS, LR, WD, plain_steps
+from tests.stream.test_equivalence import plain_steps
 
 from .spawn_parallel import run_ranks
 

@@ -1,0 +1,115 @@
+"""What moves where during a step: the engine's side of the block runner's calls.
+
+`StepFlow` is mixed into Engine. The runner asks it for a block's parameters and buffers
+(as views of a flat device buffer), RNG snapshots for recompute, prefetches (the next
+block's weights in forward, the previous block's weights, checkpoint and m/v in
+backward), and hands it each group's final gradient (`grad_ready`), which goes either to
+the device-side AdamW or, copied to pinned host memory, to the CPU worker (`_apply_update`).
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from ..transfer import host_wait
+
+
+class StepFlow:
+    """Mixin of Engine; uses its groups, cache, stash, host, opt, schedule and updater."""
+
+    def block_params(self, g: int, flat: torch.Tensor) -> dict[str, torch.Tensor]:
+        grp = self.groups[g]
+        return {n: flat[o:o + p.numel()].view(p.shape)
+                for n, p, o in zip(self._local[g], grp.params, grp.offsets)}
+
+    def block_buffers(self, g: int) -> dict[str, torch.Tensor]:
+        return self._buffers[g]
+
+    def _device_buffers(self) -> list[dict[str, torch.Tensor]]:
+        out: list[dict[str, torch.Tensor]] = [{} for _ in self.groups]
+        prefix = {g.name + ".": g.index for g in self.groups[1:]}
+        for name, b in self._model.named_buffers():
+            g = next((i for k, i in prefix.items() if name.startswith(k)), 0)
+            local = name[len(self.groups[g].name) + 1:] if g else name
+            out[g][local] = b.to(self.device)
+        return out
+
+    def rng_snapshot(self):
+        if not self._dropout:
+            return None
+        cuda = torch.cuda.get_rng_state(self.device) if self.lanes.cuda else None
+        return torch.get_rng_state(), cuda
+
+    def rng_restore(self, state) -> None:
+        if state is not None:
+            torch.set_rng_state(state[0])
+            if state[1] is not None:
+                torch.cuda.set_rng_state(state[1], self.device)
+
+    def prefetch_forward(self, g: int) -> None:
+        if g < len(self.groups):
+            t = time.perf_counter()
+            self.schedule.wait(g)  # host wait: block g's update from the last step
+            self.stats.optimizer_wait_s += time.perf_counter() - t
+            self.cache.prefetch(g, self.host.master[g], self.host_ready.get(g))
+
+    def prefetch_backward(self, g: int) -> None:
+        if g >= 1:
+            self.cache.prefetch(g, self.host.master[g])
+            self.stash.prefetch(g)
+        self.updater.prefetch(g)
+
+    def grad_ready(self, g: int, grad: torch.Tensor, w32: torch.Tensor | None = None,
+                   ring_i: int | None = None) -> None:
+        """Group g's gradient (fp32, flat, on the device) is final for this step.
+
+        w32: the fp32 weights of g on the device (its slot; `rest`'s buffer for g=0).
+        ring_i: the grad_ring buffer holding `grad` (None: an ordinary allocation).
+        """
+        sq = grad.pow(2).sum().reshape(1)
+        self._sq.append(sq)
+        if g in self.updater.groups:
+            done = self.updater.update(g, w32, grad, sq, keep_grad=ring_i is not None)
+            if ring_i is not None:
+                self.grad_ring.give(ring_i, done)
+            if g:
+                self.cache.release(g, free_after=done)
+            return
+        if g:
+            self.cache.release(g)
+        hbuf = self.host.grad_pool.get(grad.numel(), torch.float32)
+        hsq = self.host.grad_pool.get(1, torch.float32)
+        with self.lanes.on(self.lanes.d2h):
+            # Stream wait: the gradient is produced on the compute stream.
+            self.lanes.wait(self.lanes.d2h, self.lanes.event())
+            hbuf.copy_(grad, non_blocking=True)
+            hsq.copy_(sq, non_blocking=True)
+            done = self.lanes.event(self.lanes.d2h)
+        if ring_i is not None:
+            self.grad_ring.give(ring_i, done)  # buffer reuse: after the d2h copy read it
+        elif self.lanes.cuda:
+            # Buffer reuse: grad's memory may be recycled only after the d2h copy read it.
+            grad.record_stream(self.lanes.d2h)
+        self.stats.bytes_d2h += grad.numel() * 4
+        self.cache.invalidate(g)
+        self.schedule.submit(g, (hbuf, hsq, done))
+
+    def nonfinite_check(self, g: int, sq: torch.Tensor) -> bool:
+        ok = bool(torch.isfinite(sq).all())
+        if not ok:
+            self._nonfinite_groups.append(g)
+        return ok
+
+    def _apply_update(self, g: int, payload, scale: float) -> None:
+        """Worker thread: wait for group g's gradient to land, then run AdamW on it."""
+        hbuf, hsq, done = payload
+        host_wait(done)  # host sync (worker thread only): the d2h copy must have landed
+        t = time.perf_counter()
+        if self.nonfinite_check(g, hsq):
+            self.opt.step(g, hbuf, scale)
+        self._cpu_busy_s += time.perf_counter() - t
+        self._cpu_params += hbuf.numel()
+        self.host.grad_pool.put(hbuf)
+        self.host.grad_pool.put(hsq)
