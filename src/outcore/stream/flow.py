@@ -87,6 +87,9 @@ class StepFlow:
             hbuf.copy_(grad, non_blocking=True)
             hsq.copy_(sq, non_blocking=True)
             done = self.lanes.event(self.lanes.d2h)
+        if self.lanes.cuda:
+            # Buffer reuse: sq's memory may be recycled only after the d2h copy read it.
+            sq.record_stream(self.lanes.d2h)
         if ring_i is not None:
             self.grad_ring.give(ring_i, done)  # buffer reuse: after the d2h copy read it
         elif self.lanes.cuda:
