@@ -65,3 +65,27 @@ def test_model_params_are_the_masters():
     assert all(p.device.type == "cpu" and p.dtype == torch.float32 for p in after)
     assert any(not torch.equal(a, b) for a, b in zip(after, before))
     eng.close()
+
+
+def test_batch_major_weights_cross_once_per_pass_whatever_the_micro_batches():
+    """Every micro-batch goes through block i before block i+1 is loaded: the bytes copied
+    to the device per step do not grow with the number of micro-batches."""
+    def h2d_bytes(micro):
+        torch.manual_seed(0)
+        model = outcore.models.decoder("tiny", layers=6, vocab=96, max_seq=64)
+        eng = outcore.Engine(model, device="cpu", micro_batch_size=micro)
+        gen = torch.Generator().manual_seed(0)
+        b = batch_for("decoder", gen, rows=6)
+        eng.train_step(b)
+        before = eng.cache.bytes_h2d
+        eng.train_step(b)
+        n = eng.cache.bytes_h2d - before
+        eng.close()
+        return n, eng
+    whole, eng = h2d_bytes(None)
+    per_row, _ = h2d_bytes(1)
+    assert whole == per_row
+    block = max(g.numel for g in eng.groups[1:]) * 4
+    n_blocks = len(eng.groups) - 1
+    # forward loads every block once; backward reloads at most those evicted since
+    assert n_blocks * block <= whole <= 2 * n_blocks * block + eng.groups[0].numel * 4
