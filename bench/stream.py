@@ -31,6 +31,7 @@ CASES = {  # name: (model size, tokens per step, micro batch rows for outcore; 0
     "3b-64k": ("3b", 65536, 8),
 }
 SEQ = 2048
+ALLOC_CONF = ""  # set from --alloc-conf
 
 
 def make_model(size: str, layers: int | None = None):
@@ -182,8 +183,11 @@ def spawn(system: str, case: str, size: str, tokens: int, micro: int, extra: lis
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--system", system,
            "--size", size, "--tokens", str(tokens), "--micro", str(micro)] + extra
     t = time.time()
+    env = dict(os.environ)
+    if ALLOC_CONF:
+        env["PYTORCH_CUDA_ALLOC_CONF"] = ALLOC_CONF  # every system alike
     try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
         out = p.stdout
     except subprocess.TimeoutExpired as e:
         out = (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
@@ -236,6 +240,8 @@ def main() -> None:
                     "optimizer split over the first steps")
     ap.add_argument("--timeout", type=float, default=150, help="seconds per (system, case)")
     ap.add_argument("--smoke", action="store_true", help="tiny CPU run of the code paths")
+    ap.add_argument("--alloc-conf", default="expandable_segments:True",
+                    help="PYTORCH_CUDA_ALLOC_CONF for every run ('' for torch's default)")
     ap.add_argument("--out", default=None)
     # worker-only
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -250,7 +256,10 @@ def main() -> None:
         return worker(args)
     if args.smoke:
         return smoke()
+    global ALLOC_CONF
+    ALLOC_CONF = args.alloc_conf
     doc = common.header("stream")
+    doc["alloc_conf"] = ALLOC_CONF or "default"
     doc["timing"] = ("step_s: median wall time of one step (ending at its loss.item()) over "
                      "the measured steps after warm-up; window_step_s: the measured steps' "
                      "total between two full device synchronizations, per step")
