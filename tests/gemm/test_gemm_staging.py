@@ -78,3 +78,14 @@ def test_staged_copies_and_writer_thread_give_exact_results(compute, dtype, prol
     # every byte in (A, B, C for beta) and out went through a staging buffer
     assert staged == moved_in + sum(d.d2h_bytes for d in st.devices)
     assert sum(d.tiles for d in st.devices) == plan.mt * plan.nt
+
+
+def test_2d_copy_refuses_rows_that_overlap():
+    """An expanded (stride-0) row view has no row pitch: the 2-D DMA must not read past it."""
+    from outcore.gemm.cudacopy import _geometry
+    row = torch.arange(6, dtype=torch.float32).view(1, 6)
+    assert _geometry(row.expand(4, 6)) is None
+    assert _geometry(torch.zeros(6, 1).expand(6, 4).t()) is None
+    region = torch.zeros(5, 7)[1:4, 2:6]
+    _, pitch, width, rows = _geometry(region)
+    assert (pitch, width, rows) == (7 * 4, 4 * 4, 3)

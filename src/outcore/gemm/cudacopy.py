@@ -85,8 +85,10 @@ def _geometry(t: torch.Tensor):
     es = t.element_size()
     if cols > 1 and t.stride(1) != 1:
         return None
+    if rows > 1 and t.stride(0) < cols:
+        return None   # rows overlap (an expanded view, stride 0): no pitch describes it
     pitch = t.stride(0) * es if rows > 1 else cols * es
-    return t.data_ptr(), max(pitch, cols * es), cols * es, rows
+    return t.data_ptr(), pitch, cols * es, rows
 
 
 def _probe(call, device: torch.device) -> bool:
