@@ -83,3 +83,22 @@ def test_bad_layer_input():
         layer(torch.randn(2, 4, device="meta"))
     with pytest.raises(TypeError, match="float16"):
         Linear(4, 3, dtype=torch.float16)
+
+
+def test_small_weight_uses_the_pinned_copy_and_registers_no_unpin(monkeypatch):
+    """pin_ returns a pinned copy of a small tensor: the layer must keep that copy (the
+    original is not page-locked) and must not cudaHostUnregister memory it never registered."""
+    import outcore.gemm.linear as lin
+    copies = []
+
+    def fake_pin(t):
+        copies.append(t.clone())
+        return copies[-1]
+
+    finalized = []
+    monkeypatch.setattr(lin, "pin_", fake_pin)
+    monkeypatch.setattr(lin.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(lin.weakref, "finalize", lambda *a: finalized.append(a))
+    layer = lin.Linear(4, 3)
+    assert layer.weight.data.data_ptr() == copies[0].data_ptr()
+    assert finalized == []

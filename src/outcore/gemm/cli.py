@@ -117,11 +117,15 @@ def _run(args) -> int:
     A = _random((k, m) if ta else (m, k), dtype, gen, path("a.bin"))
     B = _random((n, k) if tb else (k, n), dtype, gen, path("b.bin"))
     C = _random((m, n), dtype, gen, path("c.bin"))
-    pinned = []
+    pinned, locked = [], []
     if torch.cuda.is_available() and not args.no_pin and not args.memmap:
-        pinned = [pin_(x) for x in (A, B, C)]
+        # pin_ registers large tensors in place and returns a pinned copy of small ones:
+        # use what it returns, and unregister only what it registered
+        locked = [pin_(x) for x in (A, B, C)]
+        pinned = [y for x, y in zip((A, B, C), locked) if y is x]
+        A, B, C = locked
     print(f"data: A {tuple(A.shape)}, B {tuple(B.shape)}, C {tuple(C.shape)} {args.dtype}"
-          f"{' in ' + args.memmap if args.memmap else ''}{', pinned' if pinned else ''}, "
+          f"{' in ' + args.memmap if args.memmap else ''}{', pinned' if locked else ''}, "
           f"ready in {time.perf_counter() - t0:.1f} s")
     rng = np.random.default_rng(args.seed + 1)
     idx = list(zip(rng.integers(0, m, args.check), rng.integers(0, n, args.check)))

@@ -96,8 +96,12 @@ class Linear(nn.Module):
         self.opts = GemmOptions(devices, gpu_memory, tile, compute)
         self.reset_parameters()
         if pin and torch.cuda.is_available():
-            pin_(self.weight.data)
-            weakref.finalize(self, _unregister, self.weight.data.untyped_storage().data_ptr())
+            w = self.weight.data
+            pinned = pin_(w)
+            if pinned is w:   # registered in place: unregister when the layer goes
+                weakref.finalize(self, _unregister, w.untyped_storage().data_ptr())
+            else:             # small: a pinned copy from torch's allocator (frees itself)
+                self.weight.data = pinned
 
     def reset_parameters(self) -> None:
         """The initialization of torch.nn.Linear."""
