@@ -51,3 +51,23 @@ def test_release_drops_free_slabs_and_later_frees_drop_the_rest():
     assert s.slabs == 2                         # both still hold a run
     s.free(a)
     assert s.slabs == 1 and s.reserved_bytes == 320 * KiB   # 300 KiB in 64 KiB granules
+
+
+def test_small_slab_keeps_the_pinned_copy_pin_returns(monkeypatch):
+    """pin_ returns a pinned copy below its registration size: the slab must use that copy
+    (the original stays pageable) and must not unregister it when dropped."""
+    import importlib
+    host = importlib.import_module("outcore.swap.host")  # outcore.swap is also a function
+    copies, unpinned = [], []
+
+    def fake_pin(t):
+        copies.append(t.clone())
+        return copies[-1]
+
+    monkeypatch.setattr(host, "pin_", fake_pin)
+    monkeypatch.setattr(host, "unpin_", lambda t: unpinned.append(t))
+    slab = host._Slab(1 << 16, pin=True)
+    assert slab.data.data_ptr() == copies[0].data_ptr()
+    assert slab.pinned is False
+    slab.drop()
+    assert unpinned == []

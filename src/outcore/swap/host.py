@@ -45,7 +45,9 @@ class _Slab:
         self.pinned = pin
         if pin:
             try:
-                pin_(self.data)
+                locked = pin_(self.data)
+                if locked is not self.data:   # small: a pinned copy torch's allocator owns
+                    self.data, self.pinned = locked, False
             except RuntimeError:  # registration refused: let CUDA allocate pinned pages
                 self.data = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
                 self.pinned = False  # torch's pinned allocator owns (and frees) these
