@@ -70,6 +70,11 @@ class Handle:
     def __del__(self):
         # Buffer reuse: the host run is reused only after the last copy touching it is done.
         try:
+            if self.dev is not None and self.ready is not None:
+                # Host sync (rare: fetched, then the graph was dropped before backward used
+                # it): dev's memory goes back to the compute stream's pool, which never
+                # waited for the h2d copy still writing into it.
+                self.ready.synchronize()
             self.store.free(self.run, after=self.event)
         except Exception:  # interpreter shutdown: nothing left to return the run to
             pass

@@ -112,6 +112,11 @@ class ParamSwapper:
         kernel need not bump the version counter); otherwise only when the version moved."""
         p = s.param
         lanes = self._lanes(p.device)
+        if lanes.cuda and s.ready is not None:
+            # Stream wait: a prefetch into p that no forward waited for (its module did not
+            # run) must land before p is copied out or its memory is freed for reuse.
+            torch.cuda.current_stream(p.device).wait_event(s.ready)
+            s.ready = None
         if (step_start and p.requires_grad) or s.version != p._version:
             if lanes.cuda:
                 d2h = lanes.d2h
