@@ -43,6 +43,10 @@ class ShardedEngine(Engine):
         self._loss_weight = 1.0
         self._snapshot = False
         super().__init__(model, optimizer, device, **kwargs)
+        if self.comm.nccl and self.device.type == "cuda":
+            # NCCL helpers (Comm.sum_, broadcast_object_list) use the current device: it must
+            # be this rank's GPU, also when the caller initialised the process group itself.
+            torch.cuda.set_device(self.device)
         self.meter = ShareMeter(self.comm, shares, every=measure_every)
 
     # -- construction hooks ----------------------------------------------------------
@@ -120,6 +124,12 @@ class ShardedEngine(Engine):
     def grad_ready(self, g: int, grad: torch.Tensor, w32=None, ring_i=None) -> None:
         # grad: P_g, this rank's part -> P_g / N: every rank's part of this rank's slice.
         part = self.comm.reduce_scatter(grad)
+        if ring_i is not None and part.untyped_storage().data_ptr() == \
+                grad.untyped_storage().data_ptr():
+            # `part` is (a view of) the ring buffer itself (one rank, or gloo's all-reduce):
+            # the base gives the buffer back only after its d2h copy has read it.
+            super().grad_ready(g, part, w32, ring_i)
+            return
         if ring_i is not None:
             # Buffer reuse: the collective has read `grad` once the current stream passes
             # this point (a synchronous collective makes the current stream wait for it).
