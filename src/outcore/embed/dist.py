@@ -97,6 +97,12 @@ def torchrun_fit(trainer, el, plan, table_kwargs: dict):
     own_pg = not dist.is_initialized()
     if own_pg:
         dist.init_process_group("gloo", init_method="env://", rank=rank, world_size=world)
+    # every rank must train the same partitioning: the free device memory each rank's plan
+    # was sized by may differ, so rank 0's plan (and the table shape) is used everywhere
+    box = [plan, table_kwargs]
+    dist.broadcast_object_list(box, src=0)
+    plan, table_kwargs = box
+    trainer.plan = plan
     path = cfg.table_path or os.path.join("/dev/shm" if os.path.isdir("/dev/shm")
                                           else tempfile.gettempdir(),
                                           f"outcore-embed-{addr}-{port}.bin")

@@ -105,7 +105,14 @@ class EmbeddingTrainer:
         torchrun = under_torchrun()
         devices = resolve_devices(cfg.devices)
         world = int(os.environ["WORLD_SIZE"]) if torchrun else len(devices)
-        budget = device_budget(cfg, devices[0])
+        mine = devices[0]
+        if torchrun and mine.type == "cuda":
+            # this rank's own GPU (as torchrun_fit picks it): asking cuda:0 would put a CUDA
+            # context of every rank on GPU 0; dist.py then takes rank 0's plan everywhere
+            local = int(os.environ.get("LOCAL_RANK", os.environ["RANK"]))
+            mine = torch.device(cfg.devices[local % len(cfg.devices)]) if cfg.devices \
+                else torch.device("cuda", local)
+        budget = device_budget(cfg, mine)
         self.plan = plan = make_plan(cfg, el.num_nodes, world, budget, len(el))
         P = plan.partitions
         table_kwargs = dict(num_nodes=el.num_nodes, dim=cfg.dim, partitions=P, sides=cfg.sides,
@@ -113,6 +120,7 @@ class EmbeddingTrainer:
         t0 = time.perf_counter()
         if torchrun:
             done, losses = torchrun_fit(self, el, plan, table_kwargs)
+            plan, P = self.plan, self.plan.partitions      # rank 0's plan (see dist.py)
         else:
             path = self._storage_path(plan.table_bytes, shared=world > 1)
             self.table = EmbeddingTable(**table_kwargs, path=path)
