@@ -55,8 +55,9 @@ class PartitionCache:
         # workers): pinning costs about 0.5 s per GiB, a single pageable copy much less.
         if device.type == "cuda" and pin:
             try:
-                pin_(table.flat)          # async copies straight from/to the host table
-                self.pinned = True
+                # Async copies straight from/to the host table; a table too small to
+                # register in place stays pageable (pin_ would hand back a copy).
+                self.pinned = pin_(table.flat) is table.flat
             except RuntimeError:
                 self.pinned = False       # copies then go synchronously (pageable memory)
         self.bytes_in = self.bytes_out = 0

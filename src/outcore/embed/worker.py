@@ -150,8 +150,8 @@ class Worker:
             for arr in (edges.src, edges.dst):
                 t = torch.from_numpy(arr)
                 try:
-                    pin_(t)
-                    edges._pinned.append(t)
+                    if pin_(t) is t:  # registered in place (small arrays stay pageable)
+                        edges._pinned.append(t)
                 except RuntimeError:
                     pass                 # pageable: the copies then run synchronously
 

@@ -59,9 +59,11 @@ class ShardedHost:
 class ShardedCache(DeviceCache):
     """DeviceCache whose slots hold padded groups, filled by shard h2d copy + all-gather.
 
-    The copy (1/N of the block over this GPU's PCIe link) and the all-gather (NVLink on
-    one machine) are both enqueued on the h2d stream; NCCL runs the gather on its own
-    stream ordered after the copy, and the slot's `ready` event covers both.
+    The copy (1/N of the block over this GPU's PCIe link) runs on the h2d stream; the
+    all-gather (NVLink on one machine) is issued from the compute stream after waiting for
+    that copy, so every collective of this rank goes through one stream in one order (two
+    streams issuing on one NCCL communicator can deadlock). Compute reads the slot after
+    the gather by stream order.
     """
 
     def __init__(self, lanes, numels: list[int], comm):
@@ -73,4 +75,10 @@ class ShardedCache(DeviceCache):
         own = dst.chunk(self.comm.world)[self.comm.rank] if dst.numel() else dst
         own.copy_(master, non_blocking=True)
         self.bytes_h2d_shard += master.numel() * 4
-        self.comm.all_gather(dst)
+        if not self.lanes.cuda:
+            self.comm.all_gather(dst)
+            return
+        landed = self.lanes.event(self.lanes.h2d)
+        with self.lanes.on(self.lanes.compute):
+            self.lanes.wait(self.lanes.compute, landed)  # stream wait: this rank's shard
+            self.comm.all_gather(dst)
