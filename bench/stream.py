@@ -75,6 +75,8 @@ def run_outcore(args) -> dict:
     eng.synchronize()
     torch.cuda.synchronize()
     window = (time.perf_counter() - t_window) / args.steps
+    if args.profile:
+        profile_steps(lambda: eng.train_step(b), f"outcore-{args.size}-{args.tokens}")
     k = times.index(common.median(times))
     return {"params": n, "step_s": common.median(times), "window_step_s": window,
             "losses": losses,
@@ -86,6 +88,34 @@ def run_outcore(args) -> dict:
             "device_updated_groups": sorted(eng.updater.groups),
             "alloc_retries": eng.stats.alloc_retries,
             "device_updated_params": sum(eng.groups[g].numel for g in eng.updater.groups)}
+
+
+def profile_steps(step, name: str, n: int = 2) -> None:
+    """Two steps under torch.profiler: the kernels that take the device's time, and how
+    much of the wall time the device was busy, written to results/stream-profile-NAME.txt."""
+    try:
+        _profile(step, name, n)
+    except Exception as e:  # the profile is an extra: never lose the run's figures to it
+        print(f"  profile failed: {type(e).__name__}: {e}", flush=True)
+
+
+def _profile(step, name: str, n: int) -> None:
+    from torch.profiler import ProfilerActivity, profile
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(n):
+            step()
+        torch.cuda.synchronize()
+    wall = time.perf_counter() - t
+    events = prof.key_averages()
+    busy = sum(e.self_device_time_total for e in events) / 1e6  # microseconds -> s
+    table = events.table(sort_by="self_device_time_total", row_limit=30)
+    common.RESULTS.mkdir(parents=True, exist_ok=True)
+    path = common.RESULTS / f"stream-profile-{name}.txt"
+    path.write_text(f"{n} steps, wall {wall:.3f} s, device kernels {busy:.3f} s "
+                    f"(sum over streams; copies included)\n\n{table}\n")
+    print(f"  profile: {path.name}: wall {wall:.3f} s, device {busy:.3f} s", flush=True)
 
 
 class _Ckpt(torch.nn.Module):
@@ -133,6 +163,15 @@ def run_pytorch(args) -> dict:
     model.cuda()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.0, fused=True)
     out = _plain_loop(model, opt, args, n)
+    if args.profile:
+        b = batch(model.cfg.vocab, args.tokens, args.seq, "cuda")
+
+        def step():
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                model(**b).loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        profile_steps(step, f"pytorch-{args.size}-{args.tokens}")
     out["host_bytes_per_param"] = 0.0
     return out
 
@@ -243,6 +282,8 @@ def main() -> None:
     ap.add_argument("--alloc-conf", default="expandable_segments:True",
                     help="PYTORCH_CUDA_ALLOC_CONF for every run ('' for torch's default)")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--profile", action="store_true", help="also profile two steps of "
+                    "outcore and pytorch per case (results/stream-profile-*.txt)")
     # worker-only
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--system", help=argparse.SUPPRESS)
@@ -264,7 +305,7 @@ def main() -> None:
                      "the measured steps after warm-up; window_step_s: the measured steps' "
                      "total between two full device synchronizations, per step")
     extra = ["--steps", str(args.steps), "--warmup", str(args.warmup),
-             "--gpu-memory", args.gpu_memory]
+             "--gpu-memory", args.gpu_memory] + (["--profile"] if args.profile else [])
     for case in args.cases.split(","):
         size, tokens, micro = CASES[case]
         for system in args.systems.split(","):
