@@ -256,6 +256,11 @@ class Engine(StepFlow):
                                                torch.cuda.max_memory_allocated(self.device))
             self.stats.alloc_retries = torch.cuda.memory_stats(self.device).get(
                 "num_alloc_retries", 0)
+        else:
+            # No device allocator to ask: the engine's own count of what it keeps on the
+            # "device" (slots, gradient buffers, checkpoints; not transient activations).
+            own = self.cache.bytes() + self.grad_ring.bytes() + self.stash.peak_device_bytes
+            self.stats.peak_device_bytes = max(self.stats.peak_device_bytes, own)
         self.stats.compute_s = self.timer.total_s()
         waits = [w for w in self.cache.waits if w is not None]
         self.stats.copy_wait_s = sum(a.elapsed_time(b) for a, b in waits) / 1000.0
