@@ -66,6 +66,8 @@ class Engine(StepFlow):
         self._model = model.to("cpu").float()
         self.blocks_path, container = find_blocks(model, blocks)
         self.groups = build_groups(model, self.blocks_path, container)
+        from .plan import check_fits, describe
+        check_fits(self)  # before anything large is pinned or allocated on the device
         self.lanes = Lanes(self.device)
         self.host = self._host_state()
         self.opt = GroupOptimizers(self.host.master, self.optimizer_config)
@@ -99,8 +101,6 @@ class Engine(StepFlow):
             total = torch.cuda.get_device_properties(self.device).total_memory
             torch.cuda.set_per_process_memory_fraction(min(1.0, self.gpu_memory / total),
                                                        self.device)
-        from .plan import check_fits, describe
-        check_fits(self)
         self.verbose = verbose
         if verbose:
             print(describe(self))
