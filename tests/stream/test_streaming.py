@@ -91,3 +91,20 @@ def test_batch_major_weights_cross_once_per_pass_whatever_the_micro_batches():
     n_blocks = len(eng.groups) - 1
     # forward loads every block once; backward reloads at most those evicted since
     assert n_blocks * block <= whole <= 2 * n_blocks * block + eng.groups[0].numel * 4
+
+
+def test_device_update_planner_moves_the_end_of_backward_first():
+    """The feedback planner moves work only when the step waited for the CPU, and takes
+    groups from the end of backward (rest, block 1, 2, ...)."""
+    eng = outcore.Engine(outcore.models.decoder("tiny", layers=6, vocab=96, max_seq=64),
+                         device="cpu")
+    up = eng.updater
+    assert up.plan(step_s=1.0, opt_wait_s=0.01, cpu_busy_s=0.5, cpu_params=10**6) == []
+    # Waited 0.2 s at 1e6 params/s: a backlog of 2e5 params, about this many blocks.
+    added = up.plan(step_s=1.0, opt_wait_s=0.2, cpu_busy_s=1.0, cpu_params=10**6)
+    assert added[:2] == [0, 1] and added == list(range(len(added)))
+    moved = sum(eng.groups[g].numel for g in added)
+    assert moved > 2e5 and moved - eng.groups[added[-1]].numel <= 2e5 or len(added) == 2
+    again = up.plan(step_s=1.0, opt_wait_s=0.2, cpu_busy_s=1.0, cpu_params=10**6)
+    assert again and again[0] == len(added)  # never moves a group twice
+    eng.close()
