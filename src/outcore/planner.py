@@ -145,8 +145,8 @@ class Plan:
         if not self.fits_host:
             return (f"{s.name} ({s.params / 1e9:.2f}B params) needs {fmt_bytes(self.host_state_bytes)} "
                     f"of host memory ({self.host_bytes_per_param} B/param) but "
-                    f"{fmt_bytes(self.host_limit)} is available: use a smaller model, "
-                    "more host memory, or no clipping (12 B/param)")
+                    f"{fmt_bytes(self.host_limit)} is available: use a smaller model or "
+                    "more host memory")
         if not self.fits_device:
             return (f"{s.name} needs {fmt_bytes(self.device_bytes)} on the GPU "
                     f"({fmt_bytes(self.device_fixed_bytes)} blocks in flight + resident, "

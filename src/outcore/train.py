@@ -65,9 +65,11 @@ def check_plan(cfg: TrainConfig, device: str):
             torch.cuda.get_device_properties(device).total_memory
     itemsize = 4 if cfg.compute_dtype in ("float32", "tf32") or not device.startswith("cuda") \
         else 2
+    # clip=True: the trainer holds every gradient until the step's norm is known (to clip,
+    # and to skip a non-finite step whole), so 16 host bytes/param.
     plan = make_plan(shape, tokens_per_step=cfg.batch_size * cfg.grad_accum * cfg.seq_len,
                      micro_tokens=(cfg.micro_batch_size or cfg.batch_size) * cfg.seq_len,
-                     gpu_limit=gpu, host_limit=host_available(), clip=bool(cfg.max_grad_norm),
+                     gpu_limit=gpu, host_limit=host_available(), clip=True,
                      compute_itemsize=itemsize)
     why = plan.refusal()
     if why:
@@ -183,7 +185,8 @@ def run(cfg: TrainConfig, loss_fn=None, return_model: bool = False) -> dict:
     global_batch = cfg.batch_size * cfg.grad_accum
     micro = cfg.micro_batch_size or (cfg.batch_size if cfg.grad_accum > 1 else None)
     kw = dict(device=device, compute_dtype=_dtype(cfg, device), micro_batch_size=micro,
-              max_grad_norm=cfg.max_grad_norm, gpu_memory=cfg.gpu_memory, verbose=True)
+              max_grad_norm=cfg.max_grad_norm, gpu_memory=cfg.gpu_memory,
+              skip_nonfinite=True, verbose=True)
     engine = _resume(cfg, out_dir, model, data, global_batch, kw) if cfg.resume else None
     if engine is None:
         opt = AdamW(lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, weight_decay=cfg.weight_decay)

@@ -81,3 +81,42 @@ def test_other_bad_arguments():
             outcore.Engine(make("decoder"), **kw)
     with pytest.raises(OutcoreError):
         outcore.AdamW(lr=-1)
+
+
+class _InfGrad(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, p):
+        return p.sum() * 0.0
+
+    @staticmethod
+    def backward(ctx, g):
+        return torch.full((2,), float("inf"))
+
+
+class _Poisoned(nn.Module):
+    """Identity on its input; the gradient of its own parameter is inf."""
+
+    def __init__(self):
+        super().__init__()
+        self.p = nn.Parameter(torch.ones(2))
+
+    def forward(self, x):
+        return x + _InfGrad.apply(self.p)
+
+
+@pytest.mark.parametrize("skip", [False, True])
+def test_nonfinite_gradient_in_one_block(skip):
+    """Held updates (skip_nonfinite) skip the whole step; otherwise only that block is."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 3), _Poisoned())
+    before = [p.detach().clone() for p in model.parameters()]
+    eng = outcore.Engine(model, device="cpu", skip_nonfinite=skip)
+    batch = {"input": torch.randn(4, 8), "y": torch.randint(0, 3, (4,))}
+    eng.train_step(batch, loss_fn=lambda o, b: nn.functional.cross_entropy(o, b["y"]))
+    after = list(eng.model.parameters())
+    assert all(torch.isfinite(p).all() for p in after)
+    assert torch.equal(after[-1], before[-1])  # the poisoned block never moves
+    changed = [not torch.equal(a, b) for a, b in zip(after[:-1], before[:-1])]
+    assert eng.last_step_skipped is skip
+    assert (not any(changed)) if skip else all(changed)
+    eng.close()

@@ -136,22 +136,12 @@ class ShardedEngine(Engine):
             self.grad_ring.give(ring_i, self.lanes.event())
         super().grad_ready(g, part, w32)
 
-    def _finish_step(self, t0: float) -> None:
-        if self.max_grad_norm is None:
-            self.schedule.end_backward(1.0)
-            return
+    def _global_norm(self) -> float:
         local = torch.stack([s.to(self.device) for s in self._sq]).sum().reshape(1)
         if not self.comm.nccl:
             local = local.cpu()
-        # Host sync: clipping needs the global norm (sum over ranks) before any update.
-        total = float(torch.sqrt(self.comm.sum_(local.double())).item())
-        self.last_grad_norm = total
-        if not torch.isfinite(torch.tensor(total)):
-            self.schedule.drop_pending()
-            self.schedule.end_backward(1.0)
-            self.stats.skipped_steps += 1
-            return
-        self.schedule.end_backward(min(1.0, self.max_grad_norm / (total + 1e-6)))
+        # Host sync: held updates need the global norm (sum over ranks) before any update.
+        return float(torch.sqrt(self.comm.sum_(local.double())).item())
 
     def save(self, path) -> None:
         """Collective: every rank writes its shard into `path` (see parallel/checkpoint.py)."""

@@ -15,6 +15,7 @@ One step, for a model = rest + blocks 1..N:
 from __future__ import annotations
 
 import inspect
+import math
 import time
 
 import torch
@@ -45,7 +46,8 @@ class Engine(StepFlow):
                  compute_dtype: torch.dtype | None = None, micro_batch_size: int | None = None,
                  max_grad_norm: float | None = None, gpu_memory: str | int | None = None,
                  blocks: str | None = None, gpu_updates: int | str | None = "auto",
-                 distributed: bool | None = None, verbose: bool = False):
+                 skip_nonfinite: bool = False, distributed: bool | None = None,
+                 verbose: bool = False):
         self.device = resolve_device(device)
         if compute_dtype is None:
             compute_dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
@@ -62,6 +64,10 @@ class Engine(StepFlow):
         self.compute_dtype = compute_dtype
         self.micro_batch_size = micro_batch_size
         self.max_grad_norm = max_grad_norm
+        # Hold every update until the step's global gradient norm is known: needed for
+        # clipping, and for skip_nonfinite (a non-finite gradient anywhere skips the whole
+        # step). It costs the overlap of the CPU updates with backward.
+        self.hold_updates = max_grad_norm is not None or bool(skip_nonfinite)
         self.optimizer_config = optimizer or AdamW()
         self._model = model.to("cpu").float()
         self.blocks_path, container = find_blocks(model, blocks)
@@ -144,11 +150,11 @@ class Engine(StepFlow):
         if v == "auto":
             # Device-side updates cannot wait for a global norm without holding gradients
             # on the device, so clipping keeps every update on the CPU.
-            return "auto" if self.lanes.cuda and self.max_grad_norm is None else 0
+            return "auto" if self.lanes.cuda and not self.hold_updates else 0
         if isinstance(v, int) and v >= 0:
-            if self.max_grad_norm is not None:
-                raise OutcoreError("gpu_updates > 0 cannot be combined with max_grad_norm: "
-                                   "clipping needs every gradient before any update")
+            if self.hold_updates and v > 0:
+                raise OutcoreError("gpu_updates > 0 cannot be combined with max_grad_norm or "
+                                   "skip_nonfinite: they need every gradient before any update")
             return v
         raise OutcoreError(f"gpu_updates={v!r}: use 'auto', 0 or the number of blocks to "
                            "update on the device")
@@ -219,7 +225,7 @@ class Engine(StepFlow):
         if getattr(self, "_next_lr", None) is not None:  # no update is pending here
             self.opt.set_lr(self._next_lr)
             self._next_lr = None
-        self.schedule.begin_backward(hold=self.max_grad_norm is not None)
+        self.schedule.begin_backward(hold=self.hold_updates)
         loss.backward()
         if rest.numel():
             self.grad_ready(0, rest.grad, self.cache.rest)
@@ -238,21 +244,26 @@ class Engine(StepFlow):
 
     def _finish_step(self, t0: float) -> None:
         # last_step_skipped: the global gradient norm was not finite, no group was updated
-        # (without clipping, nonfinite_check skips just the non-finite groups).
+        # (without held updates, nonfinite_check skips just the non-finite groups).
         self.last_step_skipped = False
-        if self.max_grad_norm is None:
+        if not self.hold_updates:
             self.schedule.end_backward(1.0)
             return
-        # Host sync: clipping needs the global norm before any update may run.
-        total = torch.sqrt(torch.stack([s.to(self.device) for s in self._sq]).sum()).item()
+        total = self._global_norm()
         self.last_grad_norm = total
-        if not torch.isfinite(torch.tensor(total)):
+        if not math.isfinite(total):
             self.schedule.drop_pending()
             self.schedule.end_backward(1.0)
             self.stats.skipped_steps += 1
             self.last_step_skipped = True
             return
-        self.schedule.end_backward(min(1.0, self.max_grad_norm / (total + 1e-6)))
+        clip = self.max_grad_norm
+        self.schedule.end_backward(1.0 if clip is None else min(1.0, clip / (total + 1e-6)))
+
+    def _global_norm(self) -> float:
+        """The L2 norm over every group's gradient of this step."""
+        # Host sync: held updates need the global norm before any of them may run.
+        return torch.sqrt(torch.stack([s.to(self.device) for s in self._sq]).sum()).item()
 
     def _record(self, t0: float, loss: float) -> None:
         if self.lanes.cuda:

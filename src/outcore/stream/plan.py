@@ -39,8 +39,8 @@ def describe(engine) -> str:
         f"(largest {max(numels[1:], default=0) / 1e6:.1f}M) + {numels[0] / 1e6:.1f}M resident "
         f"[{engine.blocks_path or 'model'}]",
         f"  host:   fp32 master 4 B/param + AdamW m,v 8 B/param"
-        f"{' + held gradients 4 B/param (clipping)' if engine.max_grad_norm else ''}"
-        f" = {fmt_bytes(n * (16 if engine.max_grad_norm else 12))}",
+        f"{' + held gradients 4 B/param' if engine.hold_updates else ''}"
+        f" = {fmt_bytes(n * (16 if engine.hold_updates else 12))}",
         f"  device: {engine.device}, compute {str(engine.compute_dtype).replace('torch.', '')}, "
         f"3 block slots + resident = {fmt_bytes(fixed_device_bytes(engine))} fixed"
         + (f", budget {fmt_bytes(engine.gpu_memory)}" if engine.gpu_memory else ""),
