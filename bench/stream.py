@@ -87,6 +87,7 @@ def run_outcore(args) -> dict:
             "host_bytes_per_param": eng.host_bytes_per_param(),
             "device_updated_groups": sorted(eng.updater.groups),
             "alloc_retries": eng.stats.alloc_retries,
+            "checkpoint_bytes_offloaded": eng.stash.bytes_offloaded,
             "device_updated_params": sum(eng.groups[g].numel for g in eng.updater.groups)}
 
 

@@ -68,7 +68,7 @@ class StepFlow:
         w32: the fp32 weights of g on the device (its slot; `rest`'s buffer for g=0).
         ring_i: the grad_ring buffer holding `grad` (None: an ordinary allocation).
         """
-        sq = grad.pow(2).sum().reshape(1)
+        sq = torch.linalg.vector_norm(grad).square().reshape(1)  # no gradient-sized temporary
         self._sq.append(sq)
         if g in self.updater.groups:
             done = self.updater.update(g, w32, grad, sq, keep_grad=ring_i is not None)

@@ -1,13 +1,12 @@
 """AdamW on flat host buffers, run by a worker thread while the device computes.
 
-`outcore.AdamW` is the user-facing config (the arguments of torch.optim.AdamW). Each group
-gets its own torch.optim.AdamW over one flat fp32 tensor: AdamW is elementwise, so this is
-exactly torch's update of the separate parameters, in one fused call per group.
+`outcore.AdamW` is the user-facing config (the arguments of torch.optim.AdamW). Each group's
+update is torch's functional AdamW over one flat fp32 tensor: AdamW is elementwise, so this
+is exactly torch.optim.AdamW's update of the separate parameters, in one fused call.
 """
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 from dataclasses import dataclass
 
 import torch
@@ -110,20 +109,3 @@ class GroupOptimizers:
             self.m[g].copy_(st["exp_avg"].reshape(-1))
             self.v[g].copy_(st["exp_avg_sq"].reshape(-1))
             self.steps[g].copy_(st["step"].reshape(()))
-
-
-class Worker:
-    """One background thread that runs optimizer updates in submission order.
-
-    torch's CPU kernels release the GIL and use their own intra-op threads, so one Python
-    thread is enough to keep every core busy while the main thread drives the device.
-    """
-
-    def __init__(self):
-        self._pool = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="outcore-optim")
-
-    def submit(self, fn, *args) -> cf.Future:
-        return self._pool.submit(fn, *args)
-
-    def shutdown(self) -> None:
-        self._pool.shutdown(wait=True)

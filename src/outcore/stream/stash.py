@@ -16,8 +16,8 @@ from ..transfer import Lanes
 class ActivationStash:
     """put(g, x) in forward, prefetch(g) / take(g) in backward; see module docstring.
 
-    limit: bytes of device memory (as counted by the allocator) above which new
-    checkpoints go to the host; None keeps everything on the device.
+    limit: device bytes of checkpoints beyond which new ones go to the host; None keeps
+    everything on the device.
     """
 
     def __init__(self, lanes: Lanes, pool: PinnedPool):
@@ -31,14 +31,11 @@ class ActivationStash:
         self.device_bytes = 0
         self.peak_device_bytes = 0
 
-    def _allocated(self) -> int:
-        if self.lanes.cuda:
-            return torch.cuda.memory_allocated(self.lanes.device)
-        return self.device_bytes
-
     def put(self, g: int, x: torch.Tensor) -> None:
         nbytes = x.numel() * x.element_size()
-        if self.limit is None or self._allocated() + nbytes <= self.limit:
+        # `limit` is the room left for checkpoints beside everything else the step needs at
+        # its peak (Engine._stash_limit), so it is compared with the checkpoints' own bytes.
+        if self.limit is None or self.device_bytes + nbytes <= self.limit:
             self._dev[g] = x
             self.device_bytes += nbytes
             self.peak_device_bytes = max(self.peak_device_bytes, self.device_bytes)

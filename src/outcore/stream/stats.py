@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
 import torch
@@ -22,7 +23,8 @@ class StepStats:
     peak_device_bytes: int = 0
     skipped_steps: int = 0
     alloc_retries: int = 0          # caching-allocator retries (each one a device sync)
-    history: list[dict] = field(default_factory=list)
+    # The last steps' records (bounded: a long run must not grow memory with its length).
+    history: deque = field(default_factory=lambda: deque(maxlen=1000))
 
 
 class ComputeTimer:
