@@ -34,14 +34,26 @@ def rel(a, b):
     return ((a - b).norm() / b.norm().clamp(min=1e-12)).item()
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-@pytest.mark.parametrize("micro,clip", [(None, None), (2, 0.05)])
-def test_matches_plain_pytorch(family, micro, clip):
+def model_ref_batches(family, steps=3):
+    """(model, its deep copy, batches): the same start for outcore and plain PyTorch."""
     torch.manual_seed(1)
     model = make(family)
     ref = copy.deepcopy(model)
     gen = torch.Generator().manual_seed(2)
-    batches = [batch_for(family, gen) for _ in range(3)]
+    return model, ref, [batch_for(family, gen) for _ in range(steps)]
+
+
+def assert_params_match(engine, ref):
+    """Every parameter tensor within 1e-4 relative of plain PyTorch's."""
+    ours = dict(engine.model.named_parameters())
+    for name, p in ref.named_parameters():
+        assert rel(ours[name].detach(), p.detach()) < 1e-4, name
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("micro,clip", [(None, None), (2, 0.05)])
+def test_matches_plain_pytorch(family, micro, clip):
+    model, ref, batches = model_ref_batches(family)
     want = plain_steps(ref, batches, loss_fn_for(family), clip)
     engine = outcore.Engine(model, optimizer=outcore.AdamW(lr=LR, eps=EPS, weight_decay=WD),
                             device="cpu", micro_batch_size=micro, max_grad_norm=clip,
@@ -49,9 +61,7 @@ def test_matches_plain_pytorch(family, micro, clip):
     got = [engine.train_step(b, loss_fn=loss_fn_for(family)) for b in batches]
     for g, w in zip(got, want):
         assert abs(g - w) <= 1e-5 * abs(w), (got, want)
-    ours = dict(engine.model.named_parameters())
-    for name, p in ref.named_parameters():
-        assert rel(ours[name].detach(), p.detach()) < 1e-4, name
+    assert_params_match(engine, ref)
     assert engine.step_count == 3
     engine.close()
 
@@ -97,18 +107,12 @@ def test_bf16_compute_trains_close_to_fp32():
 @pytest.mark.parametrize("family", ["decoder", "gpt2"])
 def test_device_side_updates_match(family):
     """Groups updated by the device path (m, v streamed) equal torch's AdamW too."""
-    torch.manual_seed(1)
-    model = make(family)
-    ref = copy.deepcopy(model)
-    gen = torch.Generator().manual_seed(2)
-    batches = [batch_for(family, gen) for _ in range(3)]
+    model, ref, batches = model_ref_batches(family)
     want = plain_steps(ref, batches, None, None)
     engine = outcore.Engine(model, optimizer=outcore.AdamW(lr=LR, eps=EPS, weight_decay=WD),
                             device="cpu", micro_batch_size=2, gpu_updates=2)
     assert engine.updater.groups == {0, 1, 2}
     got = [engine.train_step(b) for b in batches]
     assert got == pytest.approx(want, rel=1e-5)
-    ours = dict(engine.model.named_parameters())
-    for name, p in ref.named_parameters():
-        assert rel(ours[name].detach(), p.detach()) < 1e-4, name
+    assert_params_match(engine, ref)
     engine.close()

@@ -1,14 +1,12 @@
 """On a GPU: the CPU equivalence holds in fp32, and the device budget is kept."""
 
-import copy
-
 import pytest
 import torch
 
 import outcore
 
-from .models import batch_for, make
-from .test_equivalence import EPS, LR, WD, plain_steps, rel
+from .models import loss_fn_for
+from .test_equivalence import EPS, LR, WD, assert_params_match, model_ref_batches, plain_steps
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -16,12 +14,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUD
 @pytest.mark.parametrize("family", ["decoder", "llama", "gpt2", "sequential"])
 @pytest.mark.parametrize("micro,clip", [(None, None), (2, 0.05)])
 def test_fp32_on_gpu_matches_plain_pytorch(family, micro, clip):
-    from .models import loss_fn_for
-    torch.manual_seed(1)
-    model = make(family)
-    ref = copy.deepcopy(model)
-    gen = torch.Generator().manual_seed(2)
-    batches = [batch_for(family, gen) for _ in range(3)]
+    model, ref, batches = model_ref_batches(family)
     torch.backends.cuda.matmul.allow_tf32 = False
     want = plain_steps(ref, batches, loss_fn_for(family), clip)
     eng = outcore.Engine(model, optimizer=outcore.AdamW(lr=LR, eps=EPS, weight_decay=WD),
@@ -30,9 +23,7 @@ def test_fp32_on_gpu_matches_plain_pytorch(family, micro, clip):
     got = [eng.train_step(b, loss_fn=loss_fn_for(family)) for b in batches]
     for g, w in zip(got, want):
         assert abs(g - w) <= 1e-5 * abs(w) + 1e-6, (got, want)
-    ours = dict(eng.model.named_parameters())
-    for name, p in ref.named_parameters():
-        assert rel(ours[name].detach(), p.detach()) < 1e-4, name
+    assert_params_match(eng, ref)
     eng.close()
 
 

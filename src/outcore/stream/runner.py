@@ -97,8 +97,7 @@ class BlockRunner:
         e.cache.release(g)
         # Prefetch the next block while this one computes (its compute is enqueued).
         e.prefetch_forward(g + 1)
-        if torch.is_grad_enabled() or e.in_train_step:
-            e.stash.put(g, hidden)
+        e.stash.put(g, hidden)  # the checkpoint backward recomputes from
         return out, rng
 
     # -- backward ---------------------------------------------------------------
