@@ -192,14 +192,19 @@ def search(run: Runner, system: str, start: int, limit: int, deadline: float, re
     good, bad, why, probes, t0 = 0, None, None, 0, time.monotonic()
     at_good: dict = {}
     per_image_host = None
+
+    def attempt(batch: int) -> str | None:
+        """None when `batch` trains a step, else why not (an estimate skips the probe)."""
+        nonlocal probes
+        if per_image_host and run.store.limit and per_image_host * batch > run.store.limit:
+            return "host memory (estimated from the last probe)"
+        bar.set_postfix_str(f"{system} batch {batch}")
+        probes += 1
+        return run.probe(system, batch)
+
     b = start
     while bad is None and b <= limit and time.monotonic() < deadline:
-        if per_image_host and run.store.limit and per_image_host * b > run.store.limit:
-            bad, why = b, "host memory (estimated from the last probe)"
-            break
-        bar.set_postfix_str(f"{system} batch {b}")
-        why_b = run.probe(system, b)
-        probes += 1
+        why_b = attempt(b)
         if why_b is None:
             good, at_good = b, run.last_ok
             per_image_host = run.host_peak / b or per_image_host
@@ -208,12 +213,7 @@ def search(run: Runner, system: str, start: int, limit: int, deadline: float, re
             bad, why = b, why_b
     while bad is not None and bad - good > max(1, good // res) and time.monotonic() < deadline:
         mid = (good + bad) // 2
-        if per_image_host and run.store.limit and per_image_host * mid > run.store.limit:
-            bad, why = mid, "host memory (estimated from the last probe)"
-            continue
-        bar.set_postfix_str(f"{system} batch {mid}")
-        why_m = run.probe(system, mid)
-        probes += 1
+        why_m = attempt(mid)
         if why_m is None:
             good, at_good = mid, run.last_ok
         else:
