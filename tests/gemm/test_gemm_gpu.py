@@ -25,9 +25,8 @@ from outcore.memory import pin_, unpin_  # noqa: E402
 def _data(m, n, k, pinned, dtype=torch.float32, seed=0):
     g = torch.Generator().manual_seed(seed)
     A, B, C = (torch.randn(*s, generator=g).to(dtype) for s in ((m, k), (k, n), (m, n)))
-    if pinned:
-        for x in (A, B, C):
-            pin_(x)
+    if pinned:   # pin_ returns a pinned copy of a small tensor: use what it returns
+        A, B, C = (pin_(x) for x in (A, B, C))
     return A, B, C
 
 

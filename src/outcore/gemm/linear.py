@@ -63,13 +63,6 @@ class _LinearFn(torch.autograd.Function):
         return dx, dw, db, None
 
 
-def _unregister(ptr: int) -> None:
-    try:
-        torch.cuda.cudart().cudaHostUnregister(ptr)
-    except Exception:  # noqa: BLE001 - interpreter shutdown: nothing left to do
-        pass
-
-
 class Linear(nn.Module):
     """y = x @ W.T + b with W (out_features x in_features) in host memory.
 
@@ -99,7 +92,7 @@ class Linear(nn.Module):
             w = self.weight.data
             pinned = pin_(w)
             if pinned is w:   # registered in place: unregister when the layer goes
-                weakref.finalize(self, _unregister, w.untyped_storage().data_ptr())
+                weakref.finalize(self, unpin_, w)   # holds w: unregistered before freed
             else:             # small: a pinned copy from torch's allocator (frees itself)
                 self.weight.data = pinned
 

@@ -27,6 +27,16 @@ def _cuda_ok() -> bool:
 _REGISTER_MIN = 4 << 20  # below this, pages may be shared with other allocations
 
 
+_REGISTERED: set[int] = set()   # storage pointers pin_ registered (unpin_ undoes only these)
+_REG_LOCK = threading.Lock()
+
+
+def _clear_error() -> None:
+    """A failed cudart call also leaves its code as the runtime's last error, which the
+    next kernel launch of the process would raise as its own: read it to clear it."""
+    torch.cuda.cudart().cudaGetLastError()
+
+
 def pin_(t: torch.Tensor) -> torch.Tensor:
     """Page-locked `t`: its own storage registered in place when large (no copy), else a
     pinned copy (small allocations can share pages with others, and registering a page
@@ -36,16 +46,28 @@ def pin_(t: torch.Tensor) -> torch.Tensor:
     nbytes = t.untyped_storage().nbytes()
     if nbytes < _REGISTER_MIN:
         return t.pin_memory()
-    rc = torch.cuda.cudart().cudaHostRegister(t.untyped_storage().data_ptr(), nbytes, 0)
+    ptr = t.untyped_storage().data_ptr()
+    rc = torch.cuda.cudart().cudaHostRegister(ptr, nbytes, 0)
     if int(rc) != 0:
+        _clear_error()
         raise RuntimeError(f"cudaHostRegister of {nbytes} bytes failed with code {int(rc)}")
+    with _REG_LOCK:
+        _REGISTERED.add(ptr)
     return t
 
 
 def unpin_(t: torch.Tensor) -> None:
-    """Undo `pin_` (before the storage is freed)."""
-    if _cuda_ok() and t.numel() and t.is_pinned():
-        torch.cuda.cudart().cudaHostUnregister(t.untyped_storage().data_ptr())
+    """Undo `pin_` (before the storage is freed). A tensor pin_ did not register (a pinned
+    copy from torch's allocator, or one never pinned) is left alone."""
+    if not _cuda_ok() or t.numel() == 0:
+        return
+    ptr = t.untyped_storage().data_ptr()
+    with _REG_LOCK:
+        if ptr not in _REGISTERED:
+            return
+        _REGISTERED.discard(ptr)
+    if int(torch.cuda.cudart().cudaHostUnregister(ptr)) != 0:
+        _clear_error()
 
 
 class PinnedPool:
