@@ -579,7 +579,10 @@ def run_throughput(res, S, devs1, gpus, cuda, deadline, fused_ok=True):
             row, _ = train_measure(src[:cut], dst[:cut], n, devs1, S["tp_epochs"] if cuda else 2,
                                    **fused_kw(light_cfg), **kw)
             box["one-fused" + ("-light" if light_cfg else "")] = row["edges_per_s"]
-            return dict(row, kernel="fused (Triton; Hogwild within a batch)")
+            from outcore.embed.fused import low_precision_dots
+            lowp = any(low_precision_dots().values())
+            return dict(row, kernel="fused (Triton; Hogwild within a batch)",
+                        dot_operands="bf16 (fp32 did not fit shared memory)" if lowp else "fp32")
         return run
 
     def multi(devs, fused: bool):

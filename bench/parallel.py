@@ -147,6 +147,7 @@ def main() -> None:
     ap.add_argument("--smoke", action="store_true", help="CPU, gloo, 2 ranks, tiny sizes")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--case-limit", type=float, default=150.0, help="seconds per case")
+    ap.add_argument("--cases", help="comma list of case names to run (default: all six)")
     args = ap.parse_args()
     if args.worker:
         worker(json.loads(args.worker))
@@ -163,7 +164,15 @@ def main() -> None:
     for n in (1, 2):
         cases.append(dict(c, name=f"largest-{n}gpu", nproc=n, size=largest_size(n, host, smoke),
                           rows_per_gpu=rpg, steps=3 if not smoke else 2, warmup=1))
+    if args.cases:
+        want = args.cases.split(",")
+        unknown = sorted(set(want) - {c["name"] for c in cases})
+        if unknown:
+            sys.exit(f"bench/parallel.py: unknown case(s) {', '.join(unknown)}: choose from "
+                     + ", ".join(c["name"] for c in cases))
+        cases = [c for c in cases if c["name"] in want]
     doc = header("parallel")
+    doc["cases_run"] = [c["name"] for c in cases]
     for case in cases:
         t = time.monotonic()
         row = run_case(case, 60.0 if smoke else args.case_limit)

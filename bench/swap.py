@@ -248,8 +248,9 @@ def measure(run: Runner, system: str, b: int, warmup: int, steps: int, deadline:
                "peak_reserved_gb": run.reserved_gb()}
         if run.swap is not None:
             rep = run.swap.report()
-            n = rep.forwards
-            row.update(gb_to_host_per_step=round(rep.bytes_to_host / n / GB, 3),
+            n = rep.forwards + rep.unhooked_forwards
+            row.update(unhooked_forwards=rep.unhooked_forwards,
+                       gb_to_host_per_step=round(rep.bytes_to_host / n / GB, 3),
                        gb_to_device_per_step=round(rep.bytes_to_device / n / GB, 3),
                        copy_hidden_fraction=round(rep.hidden_fraction, 3))
         return row
@@ -410,7 +411,8 @@ def main() -> None:
     deadline = START + args.budget_s
     machine = machine_name(device)
     out = args.out or ("/tmp/swap-smoke.json" if args.smoke else
-                       os.path.join(os.path.dirname(__file__), "results", f"swap-{machine}.json"))
+                       os.path.join(os.path.dirname(__file__), "results",
+                                    f"swap-{machine.removeprefix('nvidia-')}.json"))
     rows: list = []
     models = [("resnet152", True)] + ([] if args.no_wide else [("wide_resnet101_2", False)])
     bar = tqdm(total=5 * len(models), desc="swap bench", unit="stage", dynamic_ncols=True)

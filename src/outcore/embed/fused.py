@@ -24,6 +24,7 @@ from ..errors import OutcoreError
 from .config import EmbedConfig
 
 _KERNEL = None
+_LOWP: dict[tuple, bool] = {}   # (C, M, D, batch negatives) -> bf16 dot operands needed
 
 
 def check_fused(cfg: EmbedConfig) -> None:
@@ -63,10 +64,31 @@ def fused_step(rows_a, state_a, rows_b, state_b, u, v, nu, nv, cfg: EmbedConfig,
     B = u.numel()
     K = -(-B // C)
     k_state = state_a.shape[1] // cfg.sides
-    _KERNEL[(K,)](rows_a, state_a, rows_b, state_b, u, v, nu, nv, loss, B,
-                  rows_a.shape[1], state_a.shape[1], side_a * d, side_b * d,
-                  side_a * k_state, side_b * k_state, cfg.lr, cfg.eps, 1.0 / d,
-                  C=C, M=M, D=d, BATCH_NEGS=bool(cfg.batch_negatives), num_warps=8)
+    key = (C, M, d, bool(cfg.batch_negatives))
+
+    def launch(lowp: bool) -> None:
+        _KERNEL[(K,)](rows_a, state_a, rows_b, state_b, u, v, nu, nv, loss, B,
+                      rows_a.shape[1], state_a.shape[1], side_a * d, side_b * d,
+                      side_a * k_state, side_b * k_state, cfg.lr, cfg.eps, 1.0 / d,
+                      C=C, M=M, D=d, BATCH_NEGS=key[3], LOWP=lowp, num_warps=8)
+    if key in _LOWP:
+        launch(_LOWP[key])
+        return
+    try:
+        launch(False)
+        _LOWP[key] = False
+    except Exception as e:  # noqa: BLE001 - only Triton's OutOfResources is handled
+        if type(e).__name__ != "OutOfResources":
+            raise
+        # fp32 dot operands of this chunk need more shared memory than the GPU has (C=64,
+        # D=128 with batch negatives: 256 KiB): bf16 operands, fp32 accumulation, half that
+        launch(True)
+        _LOWP[key] = True
+
+
+def low_precision_dots() -> dict[tuple, bool]:
+    """(C, M, D, batch_negatives) -> whether the kernel ran with bf16 dot operands."""
+    return dict(_LOWP)
 
 
 def emulate(rows_a, state_a, rows_b, state_b, u, v, nu, nv, cfg: EmbedConfig,

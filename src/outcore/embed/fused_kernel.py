@@ -6,12 +6,20 @@ import triton.language as tl
 
 
 @triton.jit
-def _side(A, Bm, N, pos, cm, diag, BATCH_NEGS: tl.constexpr):
+def _mm(a, b, LOWP: tl.constexpr):
+    # LOWP: bf16 operands, fp32 accumulation (half the shared memory of fp32 operands)
+    if LOWP:
+        return tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16))
+    return tl.dot(a, b)
+
+
+@triton.jit
+def _side(A, Bm, N, pos, cm, diag, BATCH_NEGS: tl.constexpr, LOWP: tl.constexpr):
     # anchor rows A against [Bm (batch negatives), N (sampled)]: loss, P blocks, w
-    Ss = tl.dot(A, tl.trans(N))
+    Ss = _mm(A, tl.trans(N), LOWP)
     m = tl.maximum(pos, tl.max(Ss, 1))
     if BATCH_NEGS:
-        Sb = tl.dot(A, tl.trans(Bm))
+        Sb = _mm(A, tl.trans(Bm), LOWP)
         Sb = tl.where(diag | (cm[None, :] == 0), float("-inf"), Sb)
         m = tl.maximum(m, tl.max(Sb, 1))
     e0 = tl.exp(pos - m)
@@ -40,7 +48,8 @@ def _adagrad(R, S, idx, G, mask, cols, W, SW, col, scol, lr, eps, inv_d):
 @triton.jit
 def kernel(Ra, Sa, Rb, Sb, u_ptr, v_ptr, nu_ptr, nv_ptr, loss_ptr, B, W, SW,
            a_col, b_col, a_scol, b_scol, lr, eps, inv_d,
-           C: tl.constexpr, M: tl.constexpr, D: tl.constexpr, BATCH_NEGS: tl.constexpr):
+           C: tl.constexpr, M: tl.constexpr, D: tl.constexpr, BATCH_NEGS: tl.constexpr,
+           LOWP: tl.constexpr):
     k = tl.program_id(0)
     rc = k * C + tl.arange(0, C)
     cm = rc < B
@@ -58,21 +67,21 @@ def kernel(Ra, Sa, Rb, Sb, u_ptr, v_ptr, nu_ptr, nv_ptr, loss_ptr, B, W, SW,
     ar = tl.arange(0, C)
     diag = ar[:, None] == ar[None, :]
     # target side corrupted: anchors A, negatives [Bm, NV]
-    l1, Pb, Ps, w1 = _side(A, Bm, NV, pos, cm, diag, BATCH_NEGS)
-    dA = w1[:, None] * Bm + tl.dot(Ps, NV)
+    l1, Pb, Ps, w1 = _side(A, Bm, NV, pos, cm, diag, BATCH_NEGS, LOWP)
+    dA = w1[:, None] * Bm + _mm(Ps, NV, LOWP)
     dB = w1[:, None] * A
     if BATCH_NEGS:
-        dA += tl.dot(Pb, Bm)
-        dB += tl.dot(tl.trans(Pb), A)
-    dNV = tl.dot(tl.trans(Ps), A)
+        dA += _mm(Pb, Bm, LOWP)
+        dB += _mm(tl.trans(Pb), A, LOWP)
+    dNV = _mm(tl.trans(Ps), A, LOWP)
     # source side corrupted: anchors Bm, negatives [A, NU]
-    l2, Qb, Qs, w2 = _side(Bm, A, NU, pos, cm, diag, BATCH_NEGS)
-    dB += w2[:, None] * A + tl.dot(Qs, NU)
+    l2, Qb, Qs, w2 = _side(Bm, A, NU, pos, cm, diag, BATCH_NEGS, LOWP)
+    dB += w2[:, None] * A + _mm(Qs, NU, LOWP)
     dA += w2[:, None] * Bm
     if BATCH_NEGS:
-        dB += tl.dot(Qb, A)
-        dA += tl.dot(tl.trans(Qb), Bm)
-    dNU = tl.dot(tl.trans(Qs), Bm)
+        dB += _mm(Qb, A, LOWP)
+        dA += _mm(tl.trans(Qb), Bm, LOWP)
+    dNU = _mm(tl.trans(Qs), Bm, LOWP)
     tl.atomic_add(loss_ptr, l1 + l2)
     allm = rm >= 0
     _adagrad(Ra, Sa, iu, dA, cm, cols, W, SW, a_col, a_scol, lr, eps, inv_d)

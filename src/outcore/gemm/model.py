@@ -75,11 +75,13 @@ def estimate_seconds(plan: GemmPlan, rates: Rates) -> float:
             gemm(t, kb, seg, q1, seg_ready)
 
     tiles = plan.tiles()
-    for p in range(plan.prologue):
+    # like DeviceWorker._task: the prologue covers at most K block 0's pieces
+    pro = min(plan.prologue, len(pspans[0])) if len(tiles) > 1 else 0
+    for p in range(pro):
         for t in tiles:
             run(t, 0, p, p + 1)
     for t in tiles:
         for kb in range(len(kspans)):
-            run(t, kb, plan.prologue if kb == 0 else 0, len(pspans[kb]))
+            run(t, kb, pro if kb == 0 else 0, len(pspans[kb]))
         d2h = max(d2h, comp) + t.rows * t.cols * hb / rates.d2h
     return max(comp, d2h)

@@ -59,6 +59,16 @@ class GemmPlan:
     budget: int = 0
     est_seconds: float | None = None
 
+    def __post_init__(self) -> None:
+        if self.prologue < 0:
+            raise OutcoreError(f"prologue={self.prologue} is negative: give 0 (no prologue) or "
+                               "a number of K pieces")
+        if self.prologue and self.n_acc < self.mt * self.nt:
+            # every tile is live during the prologue: shared accumulators give wrong sums
+            raise OutcoreError(f"prologue={self.prologue} keeps all {self.mt * self.nt} C tiles "
+                               f"live but the plan has {self.n_acc} accumulators: set "
+                               "n_acc >= mt * nt, or prologue=0")
+
     @property
     def compute_dtype(self) -> torch.dtype:
         return COMPUTE[self.compute][0]
@@ -222,7 +232,8 @@ def make_plan(m: int, n: int, k: int, *, host_dtype: torch.dtype, compute: str, 
     plan = GemmPlan(m, n, k, tm, tn, tk, pk, compute, host_dtype, n_slots=int(n_slots), n_acc=2,
                     budget=budget)
     if n_slots >= total_blocks:
-        return _maybe_prologue(plan, n_devices, device_type, rates or Rates())
+        return _maybe_prologue(plan, n_devices, device_type, rates or Rates(),
+                               piece_fixed=pk_req is not None)
     # Cache-limited: keep a band of panels of one operand resident, stream the other.
     g = max(1, n_slots // nk - 2)
     rows_traffic = m * k + k * n * cdiv(mt, min(g, mt))
@@ -236,15 +247,18 @@ def _replace(plan: GemmPlan, **kw) -> GemmPlan:
     return replace(plan, **kw)
 
 
-def _maybe_prologue(plan: GemmPlan, n_devices: int, device_type: str, rates: Rates) -> GemmPlan:
+def _maybe_prologue(plan: GemmPlan, n_devices: int, device_type: str, rates: Rates,
+                    piece_fixed: bool = False) -> GemmPlan:
     """One device holding everything: let the model pick the copy piece size (32..128 MiB:
-    bigger pieces, fewer and larger GEMMs) and whether to stream the first pieces of K over
-    all tiles first (good when link and compute are nearly balanced, e.g. tf32; the
-    accumulators of every tile must fit as well)."""
+    bigger pieces, fewer and larger GEMMs; kept when the caller forced it with `tile`) and
+    whether to stream the first pieces of K over all tiles first (good when link and
+    compute are nearly balanced, e.g. tf32; the accumulators of every tile must fit as
+    well)."""
     if n_devices != 1 or device_type != "cuda" or plan.nk != 1:
         return plan
     best, best_t = plan, estimate_seconds(plan, rates)
-    for pk in sorted({min(f * plan.piece_k, plan.tile_k) for f in (1, 2, 4)}):
+    factors = (1,) if piece_fixed else (1, 2, 4)
+    for pk in sorted({min(f * plan.piece_k, plan.tile_k) for f in factors}):
         q = cdiv(plan.tile_k, pk)
         for p in sorted({0, q // 4, q // 2}):
             cand = _replace(plan, piece_k=pk, prologue=p,

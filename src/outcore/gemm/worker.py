@@ -11,7 +11,8 @@ loaded for this GEMM each get their own GEMM (it starts as soon as that piece la
 runs of pieces already on the device are merged into one GEMM.
 
 A task of several tiles (one device holding everything: `plan.prologue`) first runs the
-first `prologue` pieces of K over all its tiles, piece-major, and then each tile to the end.
+first `prologue` pieces of K block 0 over all its tiles, piece-major (all of block 0 when it
+has fewer pieces), and then each tile to the end.
 """
 
 from __future__ import annotations
@@ -133,7 +134,9 @@ class DeviceWorker:
             slot = (seq0 + x) % p.n_acc
             acc = self._buf(self.accs, slot, p.tile_m * p.tile_n, p.acc_dtype, (t.rows, t.cols))
             runs.append(_Run(t, slot, acc))
-        pro = p.prologue if len(tiles) > 1 else 0
+        # The prologue runs over K block 0's pieces; a plan may ask for more than it has
+        # (K shallower than prologue x piece_k): then it covers the whole block.
+        pro = min(p.prologue, len(self.pspans[0])) if len(tiles) > 1 else 0
         for piece in range(pro):
             for r in runs:
                 self._gemm(r, 0, piece, piece + 1)

@@ -67,6 +67,8 @@ class ActivationSwapper:
         self._states: dict[torch.device, _DeviceState] = {}
         self._gens = 0
         self._node_hooks: list = []
+        self._sig = None        # input signature of the forward being packed
+        self._fit_sig = None    # signature of the last forward that kept everything
 
     def state(self, device: torch.device) -> _DeviceState:
         st = self._states.get(device)
@@ -79,7 +81,22 @@ class ActivationSwapper:
             self.trace.append((kind, gen.id, index, nbytes))
 
     # ---- forward boundaries -------------------------------------------------------------
-    def begin_forward(self) -> None:
+    def fits_unhooked(self, signature) -> bool:
+        """True when a forward with these inputs needs no hooks at all: the last forward
+        with the same input signature kept every saved tensor on the device, and its saved
+        bytes still fit each device's budget with what is allocated now. Packing costs
+        Python work per saved tensor; skipping it makes a step that fits as fast as plain
+        PyTorch."""
+        if signature is None or signature != self._fit_sig or not self._states:
+            return False
+        for dev, st in self._states.items():
+            alloc = torch.cuda.memory_allocated(dev) if st.cuda else 0
+            if not st.policy.fits(alloc, self.pending_grad(dev)):
+                return False
+        return True
+
+    def begin_forward(self, signature=None) -> None:
+        self._sig = signature
         self._gens += 1
         self.gen = Generation(self._gens)
         self.report.forwards += 1
@@ -96,6 +113,9 @@ class ActivationSwapper:
             if st.plan is not None and st.plan_gen == gen.id:
                 st.policy.end(st.plan)
                 gen.window = max(gen.window, st.policy.window(st.plan.largest))
+        kept_all = not gen.items and all(st.plan is not None and st.plan.mode != "all"
+                                         for st in self._states.values())
+        self._fit_sig = self._sig if kept_all else None
         gen.plan_schedule(self.prev)
         self.prev = gen
         self._node_hooks = [h for h in self._node_hooks if h[0]() is not None]

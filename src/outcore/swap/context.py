@@ -24,6 +24,7 @@ import dataclasses
 import torch
 from torch import nn
 from torch.autograd.graph import saved_tensors_hooks
+from torch.utils._pytree import tree_leaves
 
 from .activations import ActivationSwapper
 from .config import SwapConfig
@@ -49,12 +50,13 @@ class Swap:
         self.clock = CopyClock(self._report, config.timing)
         self.acts = ActivationSwapper(config, self.store, self._report, self.clock)
         self.acts.pending_grad = self._pending_grad
-        self._stack: list[saved_tensors_hooks] = []
+        self._stack: list[saved_tensors_hooks | None] = []   # None: a forward run unhooked
         self._depth = 0
+        self._hooked = True
         self.closed = False
         self._final: SwapReport | None = None
         self.params = None
-        self._handles = [model.register_forward_pre_hook(self._enter)]
+        self._handles = [model.register_forward_pre_hook(self._enter, with_kwargs=True)]
         try:
             if config.swap_params:
                 self.params = ParamSwapper(model, self.store, self._report, self.clock,
@@ -71,23 +73,33 @@ class Swap:
             raise
 
     # ---- forward boundaries ---------------------------------------------------------------
-    def _enter(self, module, args) -> None:
+    def _enter(self, module, args, kwargs) -> None:
         self._depth += 1
         if self._depth == 1:
             if self.params is not None:
                 self.params.begin_forward()
-            self.acts.begin_forward()
-        ctx = saved_tensors_hooks(self.acts.pack, self.acts.unpack)
-        ctx.__enter__()
+            sig = signature(module, args, kwargs)
+            self._hooked = not self.acts.fits_unhooked(sig)
+            if self._hooked:
+                self.acts.begin_forward(sig)
+            else:
+                self._report.unhooked_forwards += 1
+        ctx = None
+        if self._hooked:
+            ctx = saved_tensors_hooks(self.acts.pack, self.acts.unpack)
+            ctx.__enter__()
         self._stack.append(ctx)
 
     def _exit(self, module, args, output) -> None:
         if self._stack:
-            self._stack.pop().__exit__(None, None, None)
+            ctx = self._stack.pop()
+            if ctx is not None:
+                ctx.__exit__(None, None, None)
         self._depth = max(0, self._depth - 1)
         if self._depth == 0:
             outs = _tensors(output)
-            self.acts.end_forward(outs)
+            if self._hooked:
+                self.acts.end_forward(outs)
             if self.params is not None:
                 self.params.end_forward(outs)
 
@@ -120,7 +132,9 @@ class Swap:
             h.remove()
         self._handles.clear()
         while self._stack:  # only when close() runs inside the model's forward
-            self._stack.pop().__exit__(None, None, None)
+            ctx = self._stack.pop()
+            if ctx is not None:
+                ctx.__exit__(None, None, None)
         self.acts.remove_node_hooks()
         self.acts.finish()
         if self.params is not None:
@@ -139,6 +153,31 @@ class Swap:
     def __repr__(self) -> str:
         state = "closed" if self.closed else "active"
         return f"Swap({type(self.model).__name__}, {self.config}, {state})"
+
+
+def _autocast_state() -> tuple:
+    out = []
+    for dev in ("cuda", "cpu"):
+        try:
+            out.append((torch.is_autocast_enabled(dev), torch.get_autocast_dtype(dev)))
+        except (TypeError, AttributeError):   # torch < 2.4 spellings: no per-device query
+            out.append(None)
+    return tuple(out)
+
+
+def signature(module: nn.Module, args, kwargs) -> tuple | None:
+    """What decides the sizes a forward saves: the inputs' shapes, dtypes and devices, the
+    other arguments, training mode, grad mode and autocast. None when an argument cannot
+    be compared (then the forward is always hooked)."""
+    sig = [module.training, torch.is_grad_enabled(), _autocast_state()]
+    for leaf in tree_leaves((args, kwargs)):
+        if isinstance(leaf, torch.Tensor):
+            sig.append((tuple(leaf.shape), leaf.dtype, leaf.device, leaf.requires_grad))
+        elif leaf is None or isinstance(leaf, (bool, int, float, str)):
+            sig.append(leaf)
+        else:
+            return None
+    return tuple(sig)
 
 
 def swap(model: nn.Module, gpu_memory=None, min_swap_bytes="1MiB", *,

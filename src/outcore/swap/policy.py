@@ -83,6 +83,16 @@ class BudgetPolicy:
         plan.m = m
         return plan
 
+    def fits(self, allocated: int, pending_grad: int) -> bool:
+        """True when the last forward's candidates all fit under the budget with `allocated`
+        bytes in use now: a forward of the same shapes would keep everything."""
+        if self.cfg.gpu_memory is None or not self.profile:
+            return False
+        base = self.cfg.gpu_memory - allocated
+        if self.cfg.reserve_bytes is None:
+            base -= pending_grad
+        return sum(self.profile) <= base - self.reserve(max(self.profile))
+
     def offload(self, plan: StepPlan, nbytes: int) -> bool:
         """True: send this candidate to the host; False: keep it on the device."""
         i = plan.i

@@ -21,6 +21,8 @@ class SwapReport:
     """Counters since the swap began (cumulative); times in seconds."""
 
     forwards: int = 0
+    unhooked_forwards: int = 0      # forwards run without hooks: the last one with the same
+                                    # inputs kept everything and it still fits the budget
     saved_tensors: int = 0          # tensors autograd saved inside the model's forward
     small_tensors: int = 0          # below min_swap_bytes: left on the device
     strided_tensors: int = 0        # views with gaps (a transposed weight): left in place
@@ -56,7 +58,8 @@ class SwapReport:
     def summary(self, top: int = 5) -> str:
         """A short table for logs."""
         lines = [
-            f"swap: {self.forwards} forward(s), {self.saved_tensors} saved tensors "
+            f"swap: {self.forwards} forward(s) hooked, {self.unhooked_forwards} unhooked "
+            f"(everything fit), {self.saved_tensors} saved tensors "
             f"({self.small_tensors} small, {self.strided_tensors} strided views, "
             f"{self.kept_tensors} kept by budget "
             f"{fmt_bytes(self.kept_bytes)}, {self.deduplicated} deduplicated)",

@@ -1,0 +1,63 @@
+"""A forward that fits runs without hooks: the last forward with the same inputs kept every
+saved tensor and still fits the budget, so packing (Python work per saved tensor) is
+skipped. Any change that can change the saved sizes (batch shape, autocast, train/eval,
+a budget that no longer holds them) brings the hooks back; gradients never change."""
+
+import torch
+
+import outcore
+from swap_testlib import assert_same_grads, batch, hook_counts, loss_of, tiny_cnn, twin
+
+
+def _step(model, x, y):
+    model.zero_grad(set_to_none=True)
+    loss_of(model, x, y).backward()
+
+
+def test_second_forward_of_same_shape_is_unhooked_and_exact():
+    model, plain = tiny_cnn(), None
+    plain = twin(model)
+    x, y = batch(4)
+    s = outcore.swap(model, gpu_memory="1GiB", min_swap_bytes=1, force_copy=True)
+    _step(model, x, y)
+    first = s.report()
+    assert first.forwards == 1 and first.unhooked_forwards == 0
+    assert first.saved_tensors > 0 and first.offloaded_tensors == 0
+    _step(model, x, y)
+    _step(plain, x, y)
+    assert_same_grads(model, plain)
+    second = s.report()
+    assert second.unhooked_forwards == 1 and second.forwards == 1
+    assert second.saved_tensors == first.saved_tensors   # nothing was packed
+    s.close()
+
+
+def test_a_new_batch_shape_or_mode_is_hooked_again():
+    model = tiny_cnn()
+    before = hook_counts(model)
+    with outcore.swap(model, gpu_memory="1GiB", min_swap_bytes=1, force_copy=True) as s:
+        _step(model, *batch(4))
+        _step(model, *batch(6))                    # new shape: hooked, new profile
+        assert s.report().forwards == 2
+        _step(model, *batch(6))                    # same as the last: unhooked
+        assert s.report().unhooked_forwards == 1
+        model.eval()
+        with torch.no_grad():
+            model(batch(6)[0])                     # eval + no_grad: another signature
+        assert s.report().forwards == 3
+        model.train()
+    assert hook_counts(model) == before
+
+
+def test_a_budget_that_does_not_hold_everything_stays_hooked():
+    model = tiny_cnn()
+    plain = twin(model)
+    x, y = batch(8)
+    with outcore.swap(model, gpu_memory="200KiB", reserve_bytes=0, prefetch_bytes=1,
+                      min_swap_bytes=1, force_copy=True) as s:
+        for _ in range(3):
+            _step(model, x, y)
+        rep = s.report()
+    _step(plain, x, y)
+    assert_same_grads(model, plain)
+    assert rep.unhooked_forwards == 0 and rep.forwards == 3 and rep.offloaded_tensors > 0
