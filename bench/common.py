@@ -71,3 +71,40 @@ def table(rows: list[dict], cols: list[str]) -> str:
     lines = ["  ".join(c.ljust(w[i]) for i, c in enumerate(cols))]
     lines += ["  ".join(x[i].ljust(w[i]) for i in range(len(cols))) for x in cells]
     return "\n".join(lines)
+
+
+# ---- a co-running process that takes part of one GPU (never GPU settings) -------------
+HOG = r"""
+import select, sys, torch
+dev = torch.device(sys.argv[1]); n = int(sys.argv[2]); torch.set_num_threads(1)
+a = torch.randn(n, n, device=dev, dtype=torch.bfloat16 if dev.type == "cuda" else torch.float32)
+b = torch.randn_like(a)
+for _ in range(3): a @ b
+print("ready", flush=True)
+while not select.select([sys.stdin], [], [], 0)[0]:
+    for _ in range(8): c = a @ b
+    if dev.type == "cuda": torch.cuda.synchronize(dev)  # host sync: short queue, prompt stop
+"""
+
+
+class Hog:
+    """Another process running matmuls nonstop on one device (it takes part of its time)."""
+
+    def __init__(self, device: torch.device, smoke: bool):
+        self.cmd = [sys.executable, "-c", HOG, str(device), "256" if smoke else "8192"]
+
+    def __enter__(self):
+        self.proc = subprocess.Popen(self.cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     text=True)
+        if self.proc.stdout.readline().strip() != "ready":
+            raise RuntimeError("the co-running matmul process did not start")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.proc.stdin.write("stop\n")   # it polls stdin between batches of matmuls
+        self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()      # our own child, by its handle
+            self.proc.wait()

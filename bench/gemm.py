@@ -28,7 +28,6 @@ import datetime
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -42,22 +41,12 @@ from outcore.gemm.cublasxt import CublasXt
 from outcore.gemm.matmul import matmul
 from outcore.memory import pin_
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import Hog  # noqa: E402
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 BLOCK_DIMS = (2048, 4096, 8192)
 DTYPE = {"bf16": torch.bfloat16, "fp64": torch.float64}
-HOG = r"""
-import select, sys, torch
-dev = torch.device(sys.argv[1]); n = int(sys.argv[2]); torch.set_num_threads(1)
-a = torch.randn(n, n, device=dev, dtype=torch.bfloat16 if dev.type == "cuda" else torch.float32)
-b = torch.randn_like(a)
-for _ in range(3): a @ b
-print("ready", flush=True)
-while not select.select([sys.stdin], [], [], 0)[0]:
-    for _ in range(8): c = a @ b
-    if dev.type == "cuda": torch.cuda.synchronize(dev)  # host sync: short queue, prompt stop
-"""
-
-
 @dataclass
 class Case:
     name: str
@@ -281,29 +270,6 @@ def bound_row(env: Env, c: Case, devices) -> dict:
                  limit="compute" if t_flop >= t_link else "link",
                  incore_tflops=sum(rates) / 1e12, min_bytes_in=bytes_in, min_bytes_out=bytes_out,
                  link_s=t_link, compute_s=t_flop)
-
-
-class Hog:
-    """Another process running matmuls nonstop on one device (it takes part of its time)."""
-
-    def __init__(self, device: torch.device, smoke: bool):
-        self.cmd = [sys.executable, "-c", HOG, str(device), "256" if smoke else "8192"]
-
-    def __enter__(self):
-        self.proc = subprocess.Popen(self.cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     text=True)
-        if self.proc.stdout.readline().strip() != "ready":
-            raise RuntimeError("the co-running matmul process did not start")
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.proc.stdin.write("stop\n")   # it polls stdin between batches of matmuls
-        self.proc.stdin.close()
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()      # our own child, by its handle
-            self.proc.wait()
 
 
 # -- driver ----------------------------------------------------------------------------------
