@@ -39,6 +39,10 @@ def _alias(t: torch.Tensor) -> torch.Tensor:
     return t if t.grad_fn is None else t.detach()
 
 
+def _is_param(t: torch.Tensor) -> bool:
+    return issubclass(type(t), torch.nn.Parameter) or getattr(t, "_is_param", False)
+
+
 class _DeviceState:
     def __init__(self, device: torch.device, cfg: SwapConfig):
         self.lanes = Lanes(device)
@@ -137,12 +141,14 @@ class ActivationSwapper:
 
     # ---- pack ------------------------------------------------------------------------
     def pack(self, t: torch.Tensor):
-        if isinstance(t, torch.nn.Parameter) or (t.requires_grad and t.is_leaf):
+        # (runs once per saved tensor: isinstance(t, Parameter) runs a Python metaclass
+        # check, so plain tensors are told apart by their type first)
+        if (t.requires_grad and t.is_leaf) or (type(t) is not torch.Tensor and _is_param(t)):
             return t  # lives elsewhere anyway: moving it frees nothing
         rep = self.report
         rep.saved_tensors += 1
         gen = self.gen
-        if gen is None or (t.device.type != "cuda" and not self.cfg.force_copy):
+        if gen is None or (not t.is_cuda and not self.cfg.force_copy):
             return _alias(t)  # saved outside the model's forward, or already in host memory
         nbytes = t.numel() * t.element_size()
         if nbytes < self.cfg.min_swap_bytes:
