@@ -52,7 +52,7 @@ class EmbedConfig:
     storage: str = "auto"               # host table in RAM or a memory-mapped file
     table_path: str | None = None       # where a memory-mapped table lives
     edge_chunk: int = 1 << 24           # edges copied to the device at a time
-    shuffle: bool = True                # shuffle each bucket once at load (host)
+    shuffle: bool = True                # edge blocks in random order once at load (host)
     seed: int = 0
     tf32: bool = True                   # TF32 matmuls for the negative scores on CUDA
     kernel: str = "torch"               # "fused": one Triton kernel a step (see fused.py)

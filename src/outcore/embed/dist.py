@@ -44,7 +44,8 @@ def run_rank(rank: int, world: int, cfg: EmbedConfig, device: str, table_args: d
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     table = EmbeddingTable(**table_args, create=False)
     P = table.P
-    deg = (np.bincount(src, minlength=num_nodes) + np.bincount(dst, minlength=num_nodes))
+    deg = (np.bincount(src, minlength=num_nodes) + np.bincount(dst, minlength=num_nodes)) \
+        if cfg.neg_power else np.zeros(num_nodes, np.int64)   # uniform negatives need none
     sampler = NegativeSampler(deg, P, cfg.neg_power)
     source = EpochSource(src, dst, num_nodes, weight, cfg, P)
     worker = Worker(cfg, table, sampler, dev, capacity, None, rank, world)

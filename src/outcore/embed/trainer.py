@@ -143,7 +143,9 @@ class EmbeddingTrainer:
 
     def _fit_local(self, el: EdgeList, device, plan: Plan):
         cfg, P = self.cfg, plan.partitions
-        sampler = NegativeSampler(el.degrees(), P, cfg.neg_power)
+        # degrees only weigh negatives when neg_power != 0 (uniform negatives need none)
+        degrees = el.degrees() if cfg.neg_power else np.zeros(el.num_nodes, np.int64)
+        sampler = NegativeSampler(degrees, P, cfg.neg_power)
         source = EpochSource(el.src, el.dst, el.num_nodes, el.weight, cfg, P)
         sched = BucketScheduler(P)
         worker = Worker(cfg, self.table, sampler, device, plan.capacity, sched)
