@@ -2,7 +2,8 @@
 
 One h2d link, one compute engine, one d2h link, each serial: pieces load in the order they
 are first needed, a GEMM starts when its pieces have landed, a tile's copy-out starts when
-its last GEMM is done. It ignores cache eviction (it is only asked when everything fits)
+its last GEMM is done. The host enqueues tile i's loads only once tile i - depth has
+computed (the worker's flow control). It ignores cache eviction (it is only asked when everything fits)
 and per-call overheads; its rates only steer the schedule, a wrong guess costs speed,
 never correctness.
 """
@@ -13,6 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .schedule import LONE_DEPTH
 from .tiles import spans
 
 
@@ -31,19 +33,20 @@ def _size(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
 
 
-def estimate_seconds(plan: GemmPlan, rates: Rates) -> float:
-    """Seconds one device takes for `plan` under `rates` (see the module docstring)."""
+def estimate_seconds(plan: GemmPlan, rates: Rates, depth: int = LONE_DEPTH) -> float:
+    """Seconds one device takes for `plan` under `rates`, at most `depth` tiles queued
+    (see the module docstring)."""
     hb = _size(plan.host_dtype)
     rate = rates.flops[plan.compute]
     kspans = spans(plan.k, plan.tile_k)
     pspans = [spans(k1 - k0, plan.piece_k) for k0, k1 in kspans]
     avail: dict = {}
-    link = comp = d2h = 0.0
+    link = comp = d2h = issue = 0.0
 
     def need(key, nbytes):
         nonlocal link
         if key not in avail:
-            link += nbytes / rates.h2d
+            link = max(link, issue) + nbytes / rates.h2d
             avail[key] = link
         return avail[key]
 
@@ -80,8 +83,12 @@ def estimate_seconds(plan: GemmPlan, rates: Rates) -> float:
     for p in range(pro):
         for t in tiles:
             run(t, 0, p, p + 1)
-    for t in tiles:
+    done: list[float] = []
+    for x, t in enumerate(tiles):
+        if pro == 0 and x >= depth:
+            issue = done[x - depth]      # the host waits for tile x - depth to compute
         for kb in range(len(kspans)):
             run(t, kb, pro if kb == 0 else 0, len(pspans[kb]))
+        done.append(comp)
         d2h = max(d2h, comp) + t.rows * t.cols * hb / rates.d2h
     return max(comp, d2h)

@@ -72,6 +72,9 @@ class TileQueue:
         return start + length // 2 if heading else start
 
 
+LONE_DEPTH = 8
+
+
 class Pull:
     """What a worker calls for tiles: pull(n) claims up to n for its device; `endgame()`
     says whether so few are left that claiming ahead would take one from a device that
@@ -86,6 +89,13 @@ class Pull:
     def endgame(self) -> bool:
         n_dev = len(self.queue.taken)
         return n_dev > 1 and self.queue.remaining() <= n_dev
+
+    def depth(self) -> int:
+        """Tasks a worker may keep queued on its device. Devices sharing the queue: 2, so a
+        tile is claimed shortly before its device can start it. A lone device: 8, so the
+        loads of the panels later tiles need are enqueued while earlier tiles compute (at
+        depth 2 the copy engine idles through runs of tiles whose panels are all cached)."""
+        return 2 if len(self.queue.taken) > 1 else LONE_DEPTH
 
 
 def run_workers(queue: TileQueue, workers: Sequence, first: int = 1) -> None:

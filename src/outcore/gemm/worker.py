@@ -113,9 +113,10 @@ class DeviceWorker:
         inflight: deque = deque()
         seq, n = 0, first
         endgame = getattr(pull, "endgame", lambda: False)
+        depth = getattr(pull, "depth", lambda: 2)()
         while True:
-            if len(inflight) >= 2 or (inflight and endgame()):
-                # Host sync (flow control): at most two tasks queued on this device (one
+            if len(inflight) >= depth or (inflight and endgame()):
+                # Host sync (flow control): at most `depth` tasks queued on this device (one
                 # when the last tiles are handed out), so a tile is claimed only shortly
                 # before this device can start it and a faster device finds it unclaimed.
                 host_wait(inflight.popleft())

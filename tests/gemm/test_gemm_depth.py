@@ -1,0 +1,42 @@
+"""Flow control: how far a device's worker may run ahead, and what the model says it costs."""
+
+import numpy as np
+import torch
+
+from outcore.gemm.model import Rates, estimate_seconds
+from outcore.gemm.plan import make_plan
+from outcore.gemm.schedule import LONE_DEPTH, Pull, TileQueue
+from outcore.gemm.worker import DeviceWorker
+
+
+def test_a_lone_device_queues_deeper_than_devices_sharing_tiles():
+    assert Pull(TileQueue(range(10), 1), 0).depth() == LONE_DEPTH > 2
+    assert Pull(TileQueue(range(10), 2), 1).depth() == 2
+
+
+def test_model_copy_engine_idles_when_the_host_queues_too_little():
+    # bf16 on fp32 host matrices: loads dominate, and runs of tiles whose panels are all
+    # cached leave the copy engine idle unless later tiles' loads were already enqueued
+    plan = make_plan(32768, 32768, 32768, host_dtype=torch.float32, compute="bf16",
+                     budget=110 << 30, tile=(4096, 4096, 32768, 2048))
+    r = Rates()
+    shallow, deep, free = (estimate_seconds(plan, r, depth=d) for d in (1, 8, 10**9))
+    assert shallow > 1.15 * deep
+    assert abs(deep - free) < 0.02 * free
+    link = 2 * 32768 * 32768 * 4 / r.h2d          # A and B cross once
+    assert deep >= link
+
+
+def test_worker_keeps_at_most_depth_tasks_queued(monkeypatch):
+    """The worker waits on its oldest task once `depth` are queued (CPU: tasks are done
+    when enqueued, so count the waits)."""
+    import outcore.gemm.worker as w
+    waits = []
+    monkeypatch.setattr(w, "host_wait", lambda ev: waits.append(ev))
+    A, B = np.ones((64, 32), np.float32), np.ones((32, 64), np.float32)
+    from outcore.gemm import matmul
+    out = matmul(A, B, devices="cpu", tile=16)
+    assert np.allclose(out, 32.0)
+    # 16 tasks of one tile; a wait before each pull once `depth` are queued, the last pull
+    # (which finds the queue empty) included; at depth 2 it would be 15
+    assert len(waits) == 16 - LONE_DEPTH + 1
