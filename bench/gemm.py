@@ -175,6 +175,19 @@ def measure_bandwidth(env: Env) -> dict:
         t = min(median_s(fn, 5, env.sync))
         moved = n * 4 * (2 if name == "both" else len(devs) if name == "h2d_all" else 1)
         out[name] = moved / t / 1e9
+    # Strided pieces, as matmul copies them: 2-D DMA (cudaMemcpy2DAsync) of rows of 8 and
+    # 16 KiB out of rows 128 KiB apart (a 2048- or 4096-wide piece of a 32768-wide matrix).
+    from outcore.gemm.cudacopy import copy2d
+    host = env.bufs[0][:n].view(-1, 32768)
+    for width in (2048, 4096):
+        region = host[:, :width]
+        dev2 = torch.empty(region.shape, device=d0)
+        stream = torch.cuda.current_stream(d0)
+        if not copy2d(dev2, region, stream):
+            out[f"h2d_2d_{width * 4 // 1024}k"] = None
+            continue
+        t = min(median_s(lambda: copy2d(dev2, region, stream), 5, env.sync))
+        out[f"h2d_2d_{width * 4 // 1024}k"] = region.numel() * 4 / t / 1e9
     return out
 
 
@@ -414,7 +427,8 @@ def main() -> int:
     print(f"host matrices: 3 x {numel * 4 / 2**30:.1f} GiB pinned and filled in "
           f"{time.perf_counter() - t0:.1f} s", flush=True)
     env.bw = measure_bandwidth(env)
-    print("bandwidth GB/s: " + ", ".join(f"{k} {v:.1f}" for k, v in env.bw.items()), flush=True)
+    print("bandwidth GB/s: " + ", ".join(f"{k} {v:.1f}" if v else f"{k} -"
+                                         for k, v in env.bw.items()), flush=True)
     rows: list = []
     dropped: list = []
     with tqdm(total=0, unit="case", desc="gemm bench") as bar:
