@@ -7,8 +7,8 @@ Writes bench/results/parallel-<machine>.json (DESIGN.md's format). Each case is 
 1 or 2 ranks started as torchrun would (RANK/WORLD_SIZE/MASTER_*), with a wall-clock cap;
 a failed or timed-out case becomes a row with "error". Cases:
   3b-1gpu, 3b-2gpu           16k tokens per GPU per step (seq 2048): tokens_per_s
-  3b-slowed-equal/-measured  rank 1's GPU shares its SMs with a side thread running bf16
-                             matmuls on its own stream (GPU settings never touched)
+  3b-slowed-equal/-measured  rank 1's GPU shares its time with another process running
+                             bf16 matmuls nonstop (common.Hog; GPU settings never touched)
   largest-1gpu, largest-2gpu the largest reference size whose host need (model build
                              4 B/param per rank + 12 B/param state + margin) fits host RAM
 """
@@ -114,8 +114,8 @@ def run_case(case: dict, limit_s: float) -> dict:
                 q.kill()
             _, e = p.communicate()
             e = (e or "") + f"\ntimed out after {limit_s:.0f} s"
-        if p.returncode:
-            err = err or (e or "").strip().splitlines()[-1] if (e or "").strip() else \
+        if p.returncode and not err:   # the first failing rank's last stderr line
+            err = (e or "").strip().splitlines()[-1] if (e or "").strip() else \
                 f"rank exited {p.returncode}"
     base = {"system": "outcore", "case": case["name"], "gpus_used": case["nproc"]}
     if out.is_file() and not err:

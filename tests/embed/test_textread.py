@@ -51,3 +51,18 @@ def test_out_of_range_id_names_its_line_after_blank_lines(tmp_path, chunk):
     path.write_text(text)
     with pytest.raises(OutcoreError, match=r"range.tsv, line 6: node id 99"):
         read_edges(str(path), num_nodes=10, chunk_bytes=chunk)
+
+
+def test_short_preads_drop_no_lines(tmp_path, monkeypatch):
+    """One pread may return fewer bytes than asked (Linux: at most 2 GiB - 4 KiB a call):
+    a range is read to its end all the same."""
+    import os
+
+    from outcore.embed import textread
+    lines = [f"{i}\t{i + 1}" for i in range(500)]
+    path = tmp_path / "short.tsv"
+    path.write_text("\n".join(lines) + "\n")
+    real = os.pread
+    monkeypatch.setattr(textread.os, "pread", lambda fd, n, off: real(fd, min(n, 100), off))
+    el = read_edges(str(path), chunk_bytes=1 << 12, threads=2, self_loops="keep")
+    assert el.src.tolist() == list(range(500)) and el.dst.tolist() == list(range(1, 501))

@@ -57,3 +57,27 @@ def test_failed_register_clears_the_runtime_error(runtime):
     assert runtime.calls[-1] == ("clear", None)
     pinned.unpin_(big)              # the failed registration left nothing to undo
     assert ("unregister", big.untyped_storage().data_ptr()) not in runtime.calls
+
+
+def test_unpin_from_a_finalizer_while_the_registry_is_locked(runtime, monkeypatch):
+    """gemm.Linear unpins from a weakref finalizer, which the garbage collector can run in
+    the thread that holds the registry's lock (inside pin_): that must not deadlock."""
+    import threading
+
+    monkeypatch.setattr(pinned, "_REG_LOCK", type(pinned._REG_LOCK)())  # a stuck thread
+    old = torch.empty(pinned._REGISTER_MIN // 4)                       # keeps only this one
+    new = torch.empty(pinned._REGISTER_MIN // 4)
+
+    class Collecting(set):
+        def add(self, ptr):                 # a collection runs a finalizer right here
+            super().add(ptr)
+            if ptr == new.untyped_storage().data_ptr():
+                pinned.unpin_(old)
+
+    monkeypatch.setattr(pinned, "_REGISTERED", Collecting())
+    pinned.pin_(old)
+    t = threading.Thread(target=pinned.pin_, args=(new,), daemon=True)
+    t.start()
+    t.join(timeout=10)
+    assert not t.is_alive(), "pin_ deadlocked on its own registry lock"
+    assert ("unregister", old.untyped_storage().data_ptr()) in runtime.calls

@@ -3,6 +3,7 @@ saved tensor and still fits the budget, so packing (Python work per saved tensor
 skipped. Any change that can change the saved sizes (batch shape, autocast, train/eval,
 a budget that no longer holds them) brings the hooks back; gradients never change."""
 
+import pytest
 import torch
 
 import outcore
@@ -61,3 +62,54 @@ def test_a_budget_that_does_not_hold_everything_stays_hooked():
     _step(plain, x, y)
     assert_same_grads(model, plain)
     assert rep.unhooked_forwards == 0 and rep.forwards == 3 and rep.offloaded_tensors > 0
+
+
+def _swapping(model):
+    return outcore.swap(model, gpu_memory="200KiB", reserve_bytes=0, prefetch_bytes=1,
+                        min_swap_bytes=1, force_copy=True)
+
+
+def test_unfreezing_layers_brings_the_hooks_back():
+    """Frozen layers save nothing: the forwards that fit then say nothing of the same
+    inputs once the layers train again (their activations no longer fit the budget)."""
+    model = tiny_cnn()
+    x, y = batch(8)
+    for p in model[:-1].parameters():
+        p.requires_grad_(False)
+    with _swapping(model) as s:
+        _step(model, x, y)
+        _step(model, x, y)
+        assert s.report().unhooked_forwards == 1
+        for p in model.parameters():
+            p.requires_grad_(True)
+        _step(model, x, y)
+        _step(model, x, y)
+        rep = s.report()
+    assert rep.unhooked_forwards == 1 and rep.forwards == 3 and rep.offloaded_tensors > 0
+
+
+class _Raise(torch.nn.Module):
+    on = False
+
+    def forward(self, x):
+        if self.on:
+            raise RuntimeError("stopped")
+        return x
+
+
+def test_a_forward_that_raised_does_not_vouch_for_the_next():
+    """A forward that raised part way saved only its first tensors: they fit, but the
+    whole forward does not, so the next forward of the same inputs stays hooked."""
+    model = tiny_cnn()
+    stop = _Raise()
+    model.insert(4, stop)
+    x, y = batch(8)
+    with _swapping(model) as s:
+        stop.on = True
+        with pytest.raises(RuntimeError, match="stopped"):
+            model(x)
+        stop.on = False
+        _step(model, x, y)
+        _step(model, x, y)
+        rep = s.report()
+    assert rep.unhooked_forwards == 0 and rep.offloaded_tensors > 0

@@ -38,10 +38,23 @@ class Chunk:
     failed: bytes | None = None      # the chunk's bytes when parsing raised
 
 
+def _pread(fd: int, n: int, off: int) -> bytes:
+    """n bytes at off, fewer only at the end of the file: one pread may return less (Linux
+    reads at most 2 GiB - 4 KiB a call), and a short range would silently drop lines."""
+    parts = []
+    while n > 0:
+        data = os.pread(fd, n, off)
+        if not data:
+            break
+        parts.append(data)
+        n, off = n - len(data), off + len(data)
+    return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
 def range_lines(fd: int, size: int, start: int, a: int, b: int) -> bytes:
     """The whole lines whose first byte lies in [a, b) (start: where data begins)."""
     lo = a - 1 if a > start else a
-    data = os.pread(fd, b - lo, lo)
+    data = _pread(fd, b - lo, lo)
     if a > start:
         nl = data.find(b"\n")
         if nl < 0:
@@ -53,6 +66,8 @@ def range_lines(fd: int, size: int, start: int, a: int, b: int) -> bytes:
     last = data
     while not last.endswith(b"\n") and pos < size:   # finish the line that crosses b
         more = os.pread(fd, _TAIL, pos)
+        if not more:
+            break                        # the file ended early (shrunk while read)
         cut = more.find(b"\n")
         tail.append(more if cut < 0 else more[:cut + 1])
         pos += len(more)

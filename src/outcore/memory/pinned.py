@@ -28,7 +28,9 @@ _REGISTER_MIN = 4 << 20  # below this, pages may be shared with other allocation
 
 
 _REGISTERED: set[int] = set()   # storage pointers pin_ registered (unpin_ undoes only these)
-_REG_LOCK = threading.Lock()
+# Reentrant: unpin_ also runs from weakref finalizers (gemm.Linear), which the garbage
+# collector may start in this very thread while it holds the lock.
+_REG_LOCK = threading.RLock()
 
 
 def _clear_error() -> None:

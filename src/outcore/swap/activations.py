@@ -108,7 +108,7 @@ class ActivationSwapper:
             self._drain(st)
         self.clock.fold()
 
-    def end_forward(self, outputs: list[torch.Tensor]) -> None:
+    def end_forward(self, outputs: list[torch.Tensor], failed: bool = False) -> None:
         gen, self.gen = self.gen, None
         if gen is None:
             return
@@ -117,8 +117,8 @@ class ActivationSwapper:
             if st.plan is not None and st.plan_gen == gen.id:
                 st.policy.end(st.plan)
                 gen.window = max(gen.window, st.policy.window(st.plan.largest))
-        kept_all = not gen.items and all(st.plan is not None and st.plan.mode != "all"
-                                         for st in self._states.values())
+        kept_all = not failed and not gen.items and all(
+            st.plan is not None and st.plan.mode != "all" for st in self._states.values())
         self._fit_sig = self._sig if kept_all else None
         gen.plan_schedule(self.prev)
         self.prev = gen

@@ -20,6 +20,7 @@ puts every parameter back on the device, and waits for copies still in flight.
 from __future__ import annotations
 
 import dataclasses
+import sys
 
 import torch
 from torch import nn
@@ -99,7 +100,9 @@ class Swap:
         if self._depth == 0:
             outs = _tensors(output)
             if self._hooked:
-                self.acts.end_forward(outs)
+                # Run from torch's `except` when forward raised: a forward that stopped
+                # part way saved only part of its tensors, so it cannot vouch for the next.
+                self.acts.end_forward(outs, failed=sys.exc_info()[0] is not None)
             if self.params is not None:
                 self.params.end_forward(outs)
 
@@ -167,9 +170,11 @@ def _autocast_state() -> tuple:
 
 def signature(module: nn.Module, args, kwargs) -> tuple | None:
     """What decides the sizes a forward saves: the inputs' shapes, dtypes and devices, the
-    other arguments, training mode, grad mode and autocast. None when an argument cannot
-    be compared (then the forward is always hooked)."""
-    sig = [module.training, torch.is_grad_enabled(), _autocast_state()]
+    other arguments, training mode, grad mode, autocast and which parameters require grad
+    (unfreezing layers makes autograd save their activations). None when an argument
+    cannot be compared (then the forward is always hooked)."""
+    sig = [module.training, torch.is_grad_enabled(), _autocast_state(),
+           tuple(p.requires_grad for p in module.parameters())]
     for leaf in tree_leaves((args, kwargs)):
         if isinstance(leaf, torch.Tensor):
             sig.append((tuple(leaf.shape), leaf.dtype, leaf.device, leaf.requires_grad))
