@@ -1,6 +1,7 @@
 """Flow control: how far a device's worker may run ahead, and what the model says it costs."""
 
 import numpy as np
+import pytest
 import torch
 
 from outcore.gemm.model import Rates, estimate_seconds
@@ -27,16 +28,26 @@ def test_model_copy_engine_idles_when_the_host_queues_too_little():
     assert deep >= link
 
 
-def test_worker_keeps_at_most_depth_tasks_queued(monkeypatch):
+@pytest.mark.parametrize("pinned", [True, False])
+def test_worker_keeps_at_most_depth_tasks_queued(monkeypatch, pinned):
     """The worker waits on its oldest task once `depth` are queued (CPU: tasks are done
-    when enqueued, so count the waits)."""
+    when enqueued, so count the waits). Staged (unpinned) inputs queue only 2: each queued
+    load would hold a pinned staging buffer."""
     import outcore.gemm.worker as w
+    from outcore.gemm.hostmat import HostMatrix
     waits = []
     monkeypatch.setattr(w, "host_wait", lambda ev: waits.append(ev))
+    if pinned:    # the CPU path never uses DMA: only the worker's depth choice sees this
+        init = HostMatrix.__init__
+
+        def pinned_init(self, *a, **k):
+            init(self, *a, **k)
+            self.pinned = True
+        monkeypatch.setattr(HostMatrix, "__init__", pinned_init)
     A, B = np.ones((64, 32), np.float32), np.ones((32, 64), np.float32)
     from outcore.gemm import matmul
     out = matmul(A, B, devices="cpu", tile=16)
     assert np.allclose(out, 32.0)
     # 16 tasks of one tile; a wait before each pull once `depth` are queued, the last pull
-    # (which finds the queue empty) included; at depth 2 it would be 15
-    assert len(waits) == 16 - LONE_DEPTH + 1
+    # (which finds the queue empty) included
+    assert len(waits) == 16 - (LONE_DEPTH if pinned else 2) + 1

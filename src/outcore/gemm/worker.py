@@ -114,6 +114,10 @@ class DeviceWorker:
         seq, n = 0, first
         endgame = getattr(pull, "endgame", lambda: False)
         depth = getattr(pull, "depth", lambda: 2)()
+        if not all(m.pinned and m.rowmajor for m in (self.job.a, self.job.b)):
+            # staged inputs: every queued load holds a pinned staging buffer from the pool
+            # (never freed), so queue as little as when devices share the tiles
+            depth = min(depth, 2)
         while True:
             if len(inflight) >= depth or (inflight and endgame()):
                 # Host sync (flow control): at most `depth` tasks queued on this device (one
