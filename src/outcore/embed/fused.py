@@ -18,6 +18,8 @@ Triton is imported lazily: the package works without it.
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 from ..errors import OutcoreError
@@ -84,6 +86,10 @@ def fused_step(rows_a, state_a, rows_b, state_b, u, v, nu, nv, cfg: EmbedConfig,
         # D=128 with batch negatives: 256 KiB): bf16 operands, fp32 accumulation, half that
         launch(True)
         _LOWP[key] = True
+        warnings.warn(f"kernel='fused': chunk_size={C}, num_negatives={M}, dim={d} needs more "
+                      "shared memory than this GPU has with fp32 dot operands; using bf16 "
+                      "operands (fp32 accumulation). Use a smaller chunk_size for fp32.",
+                      stacklevel=2)
 
 
 def low_precision_dots() -> dict[tuple, bool]:
