@@ -146,6 +146,9 @@ def main() -> None:
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--case-limit", type=float, default=150.0, help="seconds per case")
     ap.add_argument("--cases", help="comma list of case names to run (default: all six)")
+    ap.add_argument("--out", help="results name under bench/results (default "
+                    "parallel-h200x2; with --cases give another, so a partial run does not "
+                    "replace a whole one)")
     args = ap.parse_args()
     if args.worker:
         worker(json.loads(args.worker))
@@ -190,7 +193,7 @@ def main() -> None:
                           ratio("largest-2gpu", "largest-1gpu", "params"),
                       "targets": {"2gpu_over_1gpu": 1.9, "measured_over_equal": 1.3,
                                   "largest_params_2gpu_over_1gpu": 1.8}}
-    name = "parallel-cpu-smoke" if smoke else "parallel-h200x2"
+    name = args.out or ("parallel-cpu-smoke" if smoke else "parallel-h200x2")
     path = write(doc, name)
     print(f"wrote {path}\nsummary: {json.dumps(doc['summary'])}")
     print(table(doc["runs"], ["case", "size", "params", "tokens_per_s", "host_bytes_per_param",
