@@ -113,3 +113,66 @@ def test_a_forward_that_raised_does_not_vouch_for_the_next():
         _step(model, x, y)
         rep = s.report()
     assert rep.unhooked_forwards == 0 and rep.offloaded_tensors > 0
+
+
+class _Interruptible(torch.nn.Module):
+    """The tiny CNN, raising KeyboardInterrupt inside forward while `stop` is set."""
+
+    def __init__(self):
+        super().__init__()
+        self.net, self.stop = tiny_cnn(), False
+
+    def forward(self, x):
+        h = self.net[:3](x)
+        if self.stop:
+            raise KeyboardInterrupt
+        return self.net[3:](h)
+
+
+def _interrupt(model, x):
+    model.stop = True
+    try:
+        model(x)
+    except KeyboardInterrupt:
+        pass
+    model.stop = False
+
+
+def test_a_forward_interrupted_by_ctrl_c_leaves_nothing_behind():
+    """torch skips always-call hooks for KeyboardInterrupt: the next forward notices that
+    the interrupted one is gone, so swapping goes on as before and no hook is left."""
+    model = _Interruptible()
+    plain = twin(model)
+    x, y = batch(4)
+    with outcore.swap(model, gpu_memory="1GiB", min_swap_bytes=1, force_copy=True) as s:
+        _interrupt(model, x)                      # hooked forward (first one)
+        _step(model, x, y)
+        hooked = s.report().forwards
+        _interrupt(model, x)                      # unhooked forward (same inputs, fits)
+        assert s.report().unhooked_forwards == 1
+        _step(model, *batch(16))                  # a new shape must be hooked again
+        assert s.report().forwards == hooked + 1
+        saved = s.report().saved_tensors
+        a = torch.ones(3, requires_grad=True)
+        (a * a).sum().backward()                  # outside the model: nothing packed
+        assert s.report().saved_tensors == saved
+        assert s._depth == 0 and not s._frames and not s._stack
+    _step(model, x, y)
+    _step(plain, x, y)
+    assert_same_grads(model, plain)
+
+
+def test_a_nested_call_is_still_nested():
+    """A model calling itself inside its forward (recursion) is one forward, not a dead one."""
+    class Rec(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(8, 8)
+
+        def forward(self, x, depth=2):
+            x = torch.relu(self.lin(x))
+            return self(x, depth - 1) if depth else x
+    model = Rec()
+    with outcore.swap(model, gpu_memory="1GiB", min_swap_bytes=1, force_copy=True) as s:
+        model(torch.randn(4, 8, requires_grad=True)).sum().backward()
+        assert s.report().forwards == 1 and s._depth == 0

@@ -53,6 +53,7 @@ class Swap:
         self.acts.pending_grad = self._pending_grad
         self._stack: list[saved_tensors_hooks | None] = []   # None: a forward run unhooked
         self._depth = 0
+        self._frames: list = []     # the frame that called each live forward (innermost last)
         self._hooked = True
         self.closed = False
         self._final: SwapReport | None = None
@@ -75,7 +76,12 @@ class Swap:
 
     # ---- forward boundaries ---------------------------------------------------------------
     def _enter(self, module, args, kwargs) -> None:
+        if self._depth:
+            self._drop_dead_forwards()
         self._depth += 1
+        # torch's call of the module: on the stack for as long as this forward runs (held
+        # only while it runs: _exit lets go of it)
+        self._frames.append(sys._getframe(1))
         if self._depth == 1:
             if self.params is not None:
                 self.params.begin_forward()
@@ -91,7 +97,27 @@ class Swap:
             ctx.__enter__()
         self._stack.append(ctx)
 
+    def _drop_dead_forwards(self) -> None:
+        """Forget forwards that ended without _exit: torch runs always-call hooks for an
+        Exception only, so a KeyboardInterrupt inside forward leaves depth, the frame and
+        its saved-tensor hooks behind. A forward is dead when its caller's frame is no
+        longer on this thread's stack (a nested call is made while it is)."""
+        live, f = set(), sys._getframe(2)
+        while f is not None:
+            live.add(id(f))
+            f = f.f_back
+        while self._frames and id(self._frames[-1]) not in live:
+            self._frames.pop()
+            ctx = self._stack.pop() if self._stack else None
+            if ctx is not None:
+                ctx.__exit__(None, None, None)
+            self._depth = max(0, self._depth - 1)
+            if self._depth == 0 and self._hooked:
+                self.acts.end_forward([], failed=True)
+
     def _exit(self, module, args, output) -> None:
+        if self._frames:
+            self._frames.pop()
         if self._stack:
             ctx = self._stack.pop()
             if ctx is not None:
@@ -134,6 +160,7 @@ class Swap:
         for h in self._handles:
             h.remove()
         self._handles.clear()
+        self._frames.clear()
         while self._stack:  # only when close() runs inside the model's forward
             ctx = self._stack.pop()
             if ctx is not None:
