@@ -176,3 +176,28 @@ def test_a_nested_call_is_still_nested():
     with outcore.swap(model, gpu_memory="1GiB", min_swap_bytes=1, force_copy=True) as s:
         model(torch.randn(4, 8, requires_grad=True)).sum().backward()
         assert s.report().forwards == 1 and s._depth == 0
+
+
+def test_an_unhooked_forward_that_fails_makes_the_next_one_hooked():
+    """An out-of-memory error (here any error) in an unhooked forward: the retry is hooked."""
+    model = tiny_cnn()
+    x, y = batch(4)
+    fail = [False]
+
+    class Boom(RuntimeError):
+        pass
+
+    def boom(mod, args):
+        if fail[0]:
+            raise Boom
+    handle = model[3].register_forward_pre_hook(boom)
+    with outcore.swap(model, gpu_memory="1GiB", min_swap_bytes=1, force_copy=True) as s:
+        _step(model, x, y)
+        fail[0] = True
+        with pytest.raises(Boom):
+            model(x)                               # unhooked, and it fails
+        fail[0] = False
+        assert s.report().unhooked_forwards == 1
+        _step(model, x, y)                         # hooked again
+        assert s.report().forwards == 2
+    handle.remove()

@@ -91,6 +91,7 @@ class Swap:
                 self.acts.begin_forward(sig)
             else:
                 self._report.unhooked_forwards += 1
+                self.acts.begin_unhooked()
         ctx = None
         if self._hooked:
             ctx = saved_tensors_hooks(self.acts.pack, self.acts.unpack)
@@ -125,10 +126,13 @@ class Swap:
         self._depth = max(0, self._depth - 1)
         if self._depth == 0:
             outs = _tensors(output)
+            # Run from torch's `except` when forward raised: a forward that stopped part
+            # way saved only part of its tensors, so it cannot vouch for the next.
+            failed = sys.exc_info()[0] is not None
             if self._hooked:
-                # Run from torch's `except` when forward raised: a forward that stopped
-                # part way saved only part of its tensors, so it cannot vouch for the next.
-                self.acts.end_forward(outs, failed=sys.exc_info()[0] is not None)
+                self.acts.end_forward(outs, failed=failed)
+            else:
+                self.acts.end_unhooked(failed)
             if self.params is not None:
                 self.params.end_forward(outs)
 
