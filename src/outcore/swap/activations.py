@@ -100,21 +100,23 @@ class ActivationSwapper:
         return True
 
     def begin_unhooked(self) -> None:
-        """An unhooked forward starts: note each device's allocated bytes."""
-        self._unhooked_alloc = {d: torch.cuda.memory_allocated(d)
-                                for d, st in self._states.items() if st.cuda}
+        """An unhooked forward starts: note each device's allocated bytes and the room its
+        saved tensors have under the budget."""
+        self._unhooked_room = {}
+        for d, st in self._states.items():
+            if st.cuda:
+                alloc = torch.cuda.memory_allocated(d)
+                self._unhooked_room[d] = (alloc, st.policy.room(alloc, self.pending_grad(d)))
 
     def end_unhooked(self, failed: bool) -> None:
         """An unhooked forward ended. It vouches for the next one only if it succeeded and
-        grew device memory by no more than the profile's saved bytes (plus a margin for
-        the small tensors the profile leaves out): the same input shapes can save more
-        (routing, masks), and an out-of-memory retry must run hooked."""
+        what it kept on each device still fit that room: the same input shapes can save
+        more (routing, masks), and an out-of-memory retry must run hooked."""
         if failed:
             self._fit_sig = None
             return
-        for d, before in getattr(self, "_unhooked_alloc", {}).items():
-            saved = sum(self._states[d].policy.profile or ())
-            if torch.cuda.memory_allocated(d) - before > 1.25 * saved + (64 << 20):
+        for d, (before, room) in getattr(self, "_unhooked_room", {}).items():
+            if room is None or torch.cuda.memory_allocated(d) - before > room:
                 self._fit_sig = None
 
     def begin_forward(self, signature=None) -> None:

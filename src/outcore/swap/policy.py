@@ -83,15 +83,21 @@ class BudgetPolicy:
         plan.m = m
         return plan
 
-    def fits(self, allocated: int, pending_grad: int) -> bool:
-        """True when the last forward's candidates all fit under the budget with `allocated`
-        bytes in use now: a forward of the same shapes would keep everything."""
+    def room(self, allocated: int, pending_grad: int) -> int | None:
+        """Bytes the saved tensors of a forward starting now may take (None: no budget or
+        no profile yet)."""
         if self.cfg.gpu_memory is None or not self.profile:
-            return False
+            return None
         base = self.cfg.gpu_memory - allocated
         if self.cfg.reserve_bytes is None:
             base -= pending_grad
-        return sum(self.profile) <= base - self.reserve(max(self.profile))
+        return base - self.reserve(max(self.profile))
+
+    def fits(self, allocated: int, pending_grad: int) -> bool:
+        """True when the last forward's candidates all fit under the budget with `allocated`
+        bytes in use now: a forward of the same shapes would keep everything."""
+        room = self.room(allocated, pending_grad)
+        return room is not None and sum(self.profile) <= room
 
     def offload(self, plan: StepPlan, nbytes: int) -> bool:
         """True: send this candidate to the host; False: keep it on the device."""
