@@ -64,11 +64,12 @@ def worker(case: dict) -> None:
               gpu_memory=case.get("gpu_memory"))
     if n > 1:
         kw.update(distributed=True, shares=case.get("shares"), measure_every=5)
-    engine = outcore.Engine(model, optimizer=outcore.AdamW(lr=1e-4), **kw)
     # The slowed rank's GPU runs another process's matmuls all along: it takes part of the
     # GPU's time, and being a process apart, this rank's device syncs never wait for it.
+    # Started before the engine, which then plans around the memory the hog holds.
     slowed = case.get("slow_rank") == rank and cuda
     with Hog(torch.device(device), smoke=False) if slowed else contextlib.nullcontext():
+        engine = outcore.Engine(model, optimizer=outcore.AdamW(lr=1e-4), **kw)
         times, losses = _train(engine, model, case, n, cuda)
     rows = case["rows_per_gpu"] * n
     steady = times[case["warmup"]:] or times
