@@ -40,17 +40,20 @@ def _fused_cpu_available() -> bool:
     try:
         p = torch.zeros(2)
         _adamw([p], [torch.zeros(2)], [torch.zeros(2)], [torch.zeros(2)], [torch.zeros(())],
-               lr=0.1, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.0, fused=True)
+               lr=0.1, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.0, fused=True,
+               grad_scale=torch.tensor(1.0))   # step() scales through the kernel
         return True
     except (RuntimeError, TypeError):
         return False
 
 
 def _adamw(params, grads, m, v, steps, *, lr, betas, eps, weight_decay, fused,
-           found_inf=None):
-    """torch's functional AdamW (the code behind torch.optim.AdamW), fused when asked."""
+           found_inf=None, grad_scale=None):
+    """torch's functional AdamW (the code behind torch.optim.AdamW), fused when asked;
+    the fused kernel divides the gradients by `grad_scale` as it reads them."""
     _torch_adamw(params, grads, m, v, [], steps, foreach=None if fused else True,
-                            fused=fused or None, found_inf=found_inf, amsgrad=False,
+                            fused=fused or None, found_inf=found_inf, grad_scale=grad_scale,
+                            amsgrad=False,
                             beta1=betas[0], beta2=betas[1], lr=lr, weight_decay=weight_decay,
                             eps=eps, maximize=False)
 
@@ -84,10 +87,14 @@ class GroupOptimizers:
         """Update group g on the CPU with `grad` (fp32, flat; times `scale` first if != 1)."""
         if self.masters[g].numel() == 0:
             return
+        inv = None
         if scale != 1.0:
-            grad.mul_(scale)
+            if self.fused:   # scaled inside the kernel: no extra pass over the gradient
+                inv = torch.tensor(1.0 / scale, dtype=torch.float32)
+            else:
+                grad.mul_(scale)
         _adamw([self.masters[g]], [grad], [self.m[g]], [self.v[g]], [self.steps[g]],
-               fused=self.fused, **self._kw())
+               fused=self.fused, grad_scale=inv, **self._kw())
 
     def device_step(self, g: int, w: torch.Tensor, grad: torch.Tensor, m: torch.Tensor,
                     v: torch.Tensor, found_inf: torch.Tensor) -> None:
