@@ -54,7 +54,7 @@ def run_outcore(args) -> dict:
     n = sum(p.numel() for p in model.parameters())
     eng = outcore.Engine(model, optimizer=outcore.AdamW(lr=1e-4, weight_decay=0.0),
                          device="cuda", micro_batch_size=args.micro or None,
-                         max_grad_norm=None,
+                         max_grad_norm=args.clip, held_gpu_updates=_held(args),
                          gpu_memory=args.gpu_memory, verbose=True)
     b = batch(model.cfg.vocab, args.tokens, args.seq)
     times, split, losses = [], [], []
@@ -88,7 +88,15 @@ def run_outcore(args) -> dict:
             "device_updated_groups": sorted(eng.updater.groups),
             "alloc_retries": eng.stats.alloc_retries,
             "checkpoint_bytes_offloaded": eng.stash.bytes_offloaded,
-            "device_updated_params": sum(eng.groups[g].numel for g in eng.updater.groups)}
+            "device_updated_params": sum(eng.groups[g].numel for g in eng.updater.groups),
+            "clip": args.clip, "held_gpu_updates": args.held_gpu_updates,
+            "deferred_blocks": sorted(eng.deferred.groups),
+            "deferred_params": sum(eng.groups[g].numel for g in eng.deferred.groups)}
+
+
+def _held(args):
+    v = args.held_gpu_updates
+    return int(v) if v.isdigit() else v
 
 
 def profile_steps(step, name: str, n: int = 2) -> None:
@@ -142,6 +150,8 @@ def _plain_loop(model, opt, args, params) -> dict:
         with torch.autocast("cuda", dtype=torch.bfloat16):
             loss = model(**b).loss
         loss.backward()
+        if args.clip:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
         opt.step()
         opt.zero_grad(set_to_none=True)
         losses.append(loss.item())  # host sync, as outcore's train_step does
@@ -283,6 +293,10 @@ def main() -> None:
     ap.add_argument("--alloc-conf", default="expandable_segments:True",
                     help="PYTORCH_CUDA_ALLOC_CONF for every run ('' for torch's default)")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--clip", type=float, default=None, help="max_grad_norm for every system "
+                    "(outcore then holds its updates until the norm is known)")
+    ap.add_argument("--held-gpu-updates", default="0", help="outcore's held_gpu_updates: 0, "
+                    "auto or a number of blocks (needs --clip)")
     ap.add_argument("--profile", action="store_true", help="also profile two steps of "
                     "outcore and pytorch per case (results/stream-profile-*.txt)")
     # worker-only
@@ -306,7 +320,10 @@ def main() -> None:
                      "the measured steps after warm-up; window_step_s: the measured steps' "
                      "total between two full device synchronizations, per step")
     extra = ["--steps", str(args.steps), "--warmup", str(args.warmup),
-             "--gpu-memory", args.gpu_memory] + (["--profile"] if args.profile else [])
+             "--gpu-memory", args.gpu_memory, "--held-gpu-updates", args.held_gpu_updates] \
+        + (["--profile"] if args.profile else []) + (["--clip", str(args.clip)] if args.clip
+                                                     else [])
+    doc["clip"], doc["held_gpu_updates"] = args.clip, args.held_gpu_updates
     for case in args.cases.split(","):
         size, tokens, micro = CASES[case]
         for system in args.systems.split(","):

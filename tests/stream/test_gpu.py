@@ -27,6 +27,24 @@ def test_fp32_on_gpu_matches_plain_pytorch(family, micro, clip):
     eng.close()
 
 
+@pytest.mark.parametrize("family", ["decoder", "gpt2"])
+def test_deferred_held_updates_on_gpu_match_plain_pytorch(family):
+    """held_gpu_updates: the clipped update of blocks 1-2 made by their next load on the
+    device (streams: h2d, compute, d2h) equals plain PyTorch in fp32."""
+    model, ref, batches = model_ref_batches(family)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    want = plain_steps(ref, batches, loss_fn_for(family), 0.05)
+    eng = outcore.Engine(model, optimizer=outcore.AdamW(lr=LR, eps=EPS, weight_decay=WD),
+                         device="cuda", compute_dtype=torch.float32, micro_batch_size=2,
+                         max_grad_norm=0.05, held_gpu_updates=2)
+    got = [eng.train_step(b, loss_fn=loss_fn_for(family)) for b in batches]
+    for g, w in zip(got, want):
+        assert abs(g - w) <= 1e-5 * abs(w) + 1e-6, (got, want)
+    assert eng.deferred.applied_on_device == 4
+    assert_params_match(eng, ref)
+    eng.close()
+
+
 def test_budget_is_kept():
     # Last run on the H200 at 2 GiB: out of memory in the head's logits (a 4096-token
     # chunk of 32000 fp32 logits with its gradient); 4 GiB leaves room for them.

@@ -39,6 +39,7 @@ class ShardedEngine(Engine):
             device = local_device()
         kwargs.pop("distributed", None)
         kwargs["gpu_updates"] = 0
+        kwargs["held_gpu_updates"] = 0   # like gpu_updates: off when the ranks shard updates
         self.label_shift = label_shift
         self._loss_weight = 1.0
         self._snapshot = False

@@ -119,16 +119,26 @@ class DeviceUpdater:
         not absorb; that many parameters (plus one group of margin) move to the device,
         taken from the end of backward (rest, block 1, 2, ...). Never moves groups back.
         """
-        if opt_wait_s <= 0.02 * step_s or cpu_busy_s <= 0 or cpu_params <= 0:
-            return []
-        backlog = opt_wait_s * cpu_params / cpu_busy_s
-        added, moved = [], 0
-        for g in range(len(self.e.groups)):
-            if g in self.groups or not self.e.groups[g].numel:
-                continue
-            added.append(g)
-            moved += self.e.groups[g].numel
-            if moved > backlog and len(added) >= 2:
-                break
+        added = backlog_groups(self.e.groups, self.groups, 0, step_s, opt_wait_s,
+                               cpu_busy_s, cpu_params)
         self.enable(added)
         return added
+
+
+def backlog_groups(groups, taken, first: int, step_s: float, opt_wait_s: float,
+                   cpu_busy_s: float, cpu_params: int) -> list[int]:
+    """Groups (from `first` on, not in `taken`) holding about the parameters the CPU could
+    not update in time this step: the optimizer wait times the CPU's update rate seen this
+    step, plus one group of margin. None when the wait was under 2% of the step."""
+    if opt_wait_s <= 0.02 * step_s or cpu_busy_s <= 0 or cpu_params <= 0:
+        return []
+    backlog = opt_wait_s * cpu_params / cpu_busy_s
+    added, moved = [], 0
+    for g in range(first, len(groups)):
+        if g in taken or not groups[g].numel:
+            continue
+        added.append(g)
+        moved += groups[g].numel
+        if moved > backlog and len(added) >= 2:
+            break
+    return added

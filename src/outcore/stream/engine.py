@@ -28,6 +28,8 @@ from ..transfer import Lanes
 from ..units import parse_bytes
 from .blocks import build_groups, find_blocks
 from .device import DeviceCache
+from .deferred import DeferredUpdates
+from .deferred import check_option as check_held
 from .device_update import DeviceUpdater
 from .flow import StepFlow
 from .ring import Ring
@@ -47,7 +49,7 @@ class Engine(StepFlow):
                  max_grad_norm: float | None = None, gpu_memory: str | int | None = None,
                  blocks: str | None = None, gpu_updates: int | str | None = "auto",
                  skip_nonfinite: bool = False, distributed: bool | None = None,
-                 verbose: bool = False):
+                 held_gpu_updates: int | str | None = 0, verbose: bool = False):
         self.device = resolve_device(device)
         if compute_dtype is None:
             compute_dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
@@ -107,6 +109,13 @@ class Engine(StepFlow):
         self._sq: list[torch.Tensor] = []
         self._anchor = torch.zeros((), device=self.device, requires_grad=True)
         self._other_peak: int | None = None
+        # Held updates of a share of the blocks made on the device by the next load
+        # (deferred.py); off by default until measured on a GPU.
+        self.deferred = DeferredUpdates(self)
+        self.held_gpu_updates = check_held(held_gpu_updates, self.hold_updates,
+                                           self.lanes.cuda)
+        if isinstance(self.held_gpu_updates, int) and self.held_gpu_updates > 0:
+            self.deferred.enable(range(1, self.held_gpu_updates + 1))
         if self.gpu_memory is not None and self.lanes.cuda:
             total = torch.cuda.get_device_properties(self.device).total_memory
             torch.cuda.set_per_process_memory_fraction(min(1.0, self.gpu_memory / total),
@@ -141,6 +150,7 @@ class Engine(StepFlow):
 
     def synchronize(self) -> None:
         """Wait until every pending optimizer update has been applied."""
+        self.deferred.flush()
         self.schedule.wait_all()
         self.updater.synchronize()
 
@@ -253,12 +263,15 @@ class Engine(StepFlow):
         self.last_grad_norm = total
         if not math.isfinite(total):
             self.schedule.drop_pending()
+            self.deferred.drop()
             self.schedule.end_backward(1.0)
             self.stats.skipped_steps += 1
             self.last_step_skipped = True
             return
         clip = self.max_grad_norm
-        self.schedule.end_backward(1.0 if clip is None else min(1.0, clip / (total + 1e-6)))
+        scale = 1.0 if clip is None else min(1.0, clip / (total + 1e-6))
+        self.deferred.release(scale)
+        self.schedule.end_backward(scale)
 
     def _global_norm(self) -> float:
         """The L2 norm over every group's gradient of this step."""
@@ -288,14 +301,19 @@ class Engine(StepFlow):
             peak = torch.cuda.max_memory_allocated(self.device)
             self._other_peak = peak - self.stash.peak_device_bytes
         self.stash.peak_device_bytes = 0
-        if self.gpu_updates == "auto" and self.step_count >= 2 and (
-                self.step_count <= 8 or self.step_count % 10 == 0):
-            added = self.updater.plan(self.stats.step_s, self.stats.optimizer_wait_s,
-                                      self._cpu_busy_s, self._cpu_params)
-            if added and self.verbose:
-                print(f"outcore: AdamW of groups {added} moves to the device (CPU updated "
-                      f"{self._cpu_params / 1e6:.0f}M params in {self._cpu_busy_s:.2f} s, "
-                      f"step {self.stats.step_s:.2f} s)")
+        due = self.step_count >= 2 and (self.step_count <= 8 or self.step_count % 10 == 0)
+        # Feedback (after steps 2..8, then every 10th): the optimizer wait of this step
+        # moves AdamW work to the device; `what` says which path for the verbose line.
+        for mode, planner, what in ((self.gpu_updates, self.updater, "AdamW of groups"),
+                                    (self.held_gpu_updates, self.deferred,
+                                     "held AdamW (at the next load) of blocks")):
+            if mode == "auto" and due:
+                added = planner.plan(self.stats.step_s, self.stats.optimizer_wait_s,
+                                     self._cpu_busy_s, self._cpu_params)
+                if added and self.verbose:
+                    print(f"outcore: {what} {added} moves to the device (CPU updated "
+                          f"{self._cpu_params / 1e6:.0f}M params in {self._cpu_busy_s:.2f} s,"
+                          f" step {self.stats.step_s:.2f} s)")
         self._cpu_busy_s, self._cpu_params = 0.0, 0
         self.stats.history.append({"step": self.step_count, "loss": loss,
                                    "step_s": self.stats.step_s,

@@ -57,7 +57,8 @@ class StepFlow:
 
     def prefetch_backward(self, g: int) -> None:
         if g >= 1:
-            self.cache.prefetch(g, self.host.master[g])
+            # `after`: a device-side update's write-back of g's master may be in flight
+            self.cache.prefetch(g, self.host.master[g], self.host_ready.get(g))
             self.stash.prefetch(g)
         self.updater.prefetch(g)
 
@@ -97,7 +98,8 @@ class StepFlow:
             grad.record_stream(self.lanes.d2h)
         self.stats.bytes_d2h += grad.numel() * 4
         self.cache.invalidate(g)
-        self.schedule.submit(g, (hbuf, hsq, done))
+        if not self.deferred.hold(g, (hbuf, hsq, done)):   # else: updated by its next load
+            self.schedule.submit(g, (hbuf, hsq, done))
 
     def nonfinite_check(self, g: int, sq: torch.Tensor) -> bool:
         ok = bool(torch.isfinite(sq).all())

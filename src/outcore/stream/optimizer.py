@@ -58,6 +58,14 @@ def _adamw(params, grads, m, v, steps, *, lr, betas, eps, weight_decay, fused,
                             eps=eps, maximize=False)
 
 
+def inverse_scale(scale: float, device) -> torch.Tensor:
+    """The fused kernels' grad_scale for a gradient multiplied by `scale` (they divide by
+    it): one fp32 value, so every path that scales this way rounds alike. torch.full, not
+    torch.tensor: on a GPU it is a fill kernel, where torch.tensor would copy from pageable
+    memory and block the host."""
+    return torch.full((), 1.0 / scale, dtype=torch.float32, device=device)
+
+
 class GroupOptimizers:
     """AdamW state per group, flat and host-resident, updated on the CPU or on a device.
 
@@ -90,19 +98,24 @@ class GroupOptimizers:
         inv = None
         if scale != 1.0:
             if self.fused:   # scaled inside the kernel: no extra pass over the gradient
-                inv = torch.tensor(1.0 / scale, dtype=torch.float32)
+                inv = inverse_scale(scale, "cpu")
             else:
                 grad.mul_(scale)
         _adamw([self.masters[g]], [grad], [self.m[g]], [self.v[g]], [self.steps[g]],
                fused=self.fused, grad_scale=inv, **self._kw())
 
     def device_step(self, g: int, w: torch.Tensor, grad: torch.Tensor, m: torch.Tensor,
-                    v: torch.Tensor, found_inf: torch.Tensor) -> None:
+                    v: torch.Tensor, found_inf: torch.Tensor, advance: bool = True,
+                    grad_scale: torch.Tensor | None = None) -> None:
         """Update group g on the device: w (fp32 weights), m, v in place; enqueued on the
-        current stream, no host sync. Skipped by the kernel when found_inf != 0."""
+        current stream, no host sync. Skipped by the kernel when found_inf != 0. A group
+        updated in pieces (w, grad, m, v slices) passes advance=False but for the last.
+        grad_scale: the kernel divides the gradient by it (as `step` does for a scale)."""
         step = torch.full((), float(self.steps[g]), device=w.device)
-        _adamw([w], [grad], [m], [v], [step], fused=True, found_inf=found_inf, **self._kw())
-        self.steps[g] += 1  # host copy of the count (the device one is discarded)
+        _adamw([w], [grad], [m], [v], [step], fused=True, found_inf=found_inf,
+               grad_scale=grad_scale, **self._kw())
+        if advance:
+            self.steps[g] += 1  # host copy of the count (the device one is discarded)
 
     def state_bytes(self) -> int:
         return sum(2 * 4 * x.numel() for x in self.masters)

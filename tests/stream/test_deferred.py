@@ -1,0 +1,112 @@
+"""Held updates made on the device by the next load of the block (held_gpu_updates): the
+same training as plain PyTorch with clipping, on the CPU as the device."""
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+import outcore
+from outcore.errors import OutcoreError
+
+from .models import batch_for, blocks_for, loss_fn_for, make
+from .test_equivalence import EPS, LR, WD, assert_params_match, model_ref_batches, plain_steps
+from .test_errors import _Poisoned
+
+
+def _engine(model, family, **kw):
+    return outcore.Engine(model, optimizer=outcore.AdamW(lr=LR, eps=EPS, weight_decay=WD),
+                          device="cpu", blocks=blocks_for(family), **kw)
+
+
+@pytest.mark.parametrize("family", ["decoder", "gpt2"])
+def test_deferred_updates_match_plain_pytorch_with_clipping(family):
+    model, ref, batches = model_ref_batches(family)
+    want = plain_steps(ref, batches, loss_fn_for(family), 0.05)
+    engine = _engine(model, family, micro_batch_size=2, max_grad_norm=0.05,
+                     held_gpu_updates=2)
+    assert engine.deferred.groups == {1, 2}
+    got = [engine.train_step(b, loss_fn=loss_fn_for(family)) for b in batches]
+    for g, w in zip(got, want):
+        assert abs(g - w) <= 1e-5 * abs(w), (got, want)
+    # steps 2 and 3 loaded blocks 1 and 2 with step 1's and step 2's updates pending
+    assert engine.deferred.applied_on_device == 4
+    assert_params_match(engine, ref)              # engine.model flushes step 3's
+    assert engine.deferred.applied_on_host == 2 and not engine.deferred.pending
+    engine.close()
+
+
+def test_reading_the_model_between_steps_changes_nothing():
+    model, ref, batches = model_ref_batches("decoder")
+    want = plain_steps(ref, batches, None, 0.05)
+    engine = _engine(model, "decoder", max_grad_norm=0.05, held_gpu_updates=3)
+    got = []
+    for b in batches:
+        got.append(engine.train_step(b))
+        _ = engine.model                          # flushes what is pending, on the CPU
+    assert got == pytest.approx(want, rel=1e-5)
+    assert_params_match(engine, ref)
+    engine.close()
+
+
+def test_resume_with_deferred_updates_is_exact(tmp_path):
+    torch.manual_seed(5)
+    base = make("decoder")
+    gen = torch.Generator().manual_seed(6)
+    batches = [batch_for("decoder", gen) for _ in range(5)]
+    kw = dict(device="cpu", max_grad_norm=1.0, held_gpu_updates=2)
+    opt = outcore.AdamW(lr=2e-3, eps=1e-6, weight_decay=0.05)
+    a = outcore.Engine(copy.deepcopy(base), optimizer=opt, **kw)
+    for x in batches[:2]:
+        a.train_step(x)
+    a.save(tmp_path / "ck")                       # flushes the pending updates first
+    want = [a.train_step(x) for x in batches[2:]]
+    c = outcore.Engine.load(tmp_path / "ck", make("decoder"), **kw)
+    got = [c.train_step(x) for x in batches[2:]]
+    assert got == want
+    for (n, p), (_, q) in zip(a.model.named_parameters(), c.model.named_parameters()):
+        assert torch.equal(p, q), n
+    a.close()
+    c.close()
+
+
+class _Switchable(_Poisoned):
+    """_Poisoned (an inf gradient for its parameter) while `on`, else a plain identity."""
+
+    on = False
+
+    def forward(self, x):
+        return super().forward(x) if self.on else x + 0.0 * self.p.sum()
+
+
+def test_a_skipped_step_leaves_deferred_blocks_untouched():
+    torch.manual_seed(0)
+    poison = _Switchable()
+    model = nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 3), poison)
+    eng = outcore.Engine(model, device="cpu", skip_nonfinite=True, held_gpu_updates=4)
+    batch = {"input": torch.randn(4, 8), "y": torch.randint(0, 3, (4,))}
+    loss = lambda o, b: nn.functional.cross_entropy(o, b["y"])  # noqa: E731
+    eng.train_step(batch, loss_fn=loss)              # a good step: its updates pending
+    after_good = [p.detach().clone() for p in eng.model.parameters()]
+    poison.on = True
+    eng.train_step(batch, loss_fn=loss)              # inf gradient: the whole step skipped
+    assert eng.last_step_skipped
+    assert not eng.deferred.pending and not eng.deferred._held
+    for p, q in zip(eng.model.parameters(), after_good):
+        assert torch.equal(p, q)
+    poison.on = False
+    eng.train_step(batch, loss_fn=loss)              # training goes on
+    assert any(not torch.equal(p, q) for p, q in zip(eng.model.parameters(), after_good))
+    eng.close()
+
+
+def test_option_errors():
+    model = make("decoder")
+    with pytest.raises(OutcoreError, match="needs held updates"):
+        outcore.Engine(model, device="cpu", held_gpu_updates=2)
+    with pytest.raises(OutcoreError, match="held_gpu_updates="):
+        outcore.Engine(model, device="cpu", max_grad_norm=1.0, held_gpu_updates="all")
+    eng = outcore.Engine(model, device="cpu", max_grad_norm=1.0, held_gpu_updates="auto")
+    assert eng.held_gpu_updates == 0               # 'auto' is for CUDA only
+    eng.close()
