@@ -10,7 +10,7 @@ from torch import nn
 import outcore
 from outcore.errors import OutcoreError
 
-from .models import batch_for, blocks_for, loss_fn_for, make
+from .models import ListModel, batch_for, blocks_for, loss_fn_for, make
 from .test_equivalence import EPS, LR, WD, assert_params_match, model_ref_batches, plain_steps
 from .test_errors import _Poisoned
 
@@ -110,3 +110,125 @@ def test_option_errors():
     eng = outcore.Engine(model, device="cpu", max_grad_norm=1.0, held_gpu_updates="auto")
     assert eng.held_gpu_updates == 0               # 'auto' is for CUDA only
     eng.close()
+
+
+class _Ev:
+    """A fake CUDA event: the recording stream's vector clock when it was recorded."""
+
+    def __init__(self, clock):
+        self.clock = dict(clock)
+
+    def synchronize(self):
+        pass
+
+    def query(self):
+        return True
+
+
+class _StreamOrder:
+    """On the CPU (where every copy is synchronous), the happens-before order the engine
+    sets up between its streams, kept as vector clocks through Lanes.event / Lanes.wait."""
+
+    def __init__(self, lanes):
+        self.clock = {s: {s: 0} for s in ("compute", "h2d", "d2h")}
+        lanes.compute, lanes.h2d, lanes.d2h = "compute", "h2d", "d2h"
+        lanes.event, lanes.wait = self.event, self.wait
+
+    def event(self, stream=None):
+        c = self.clock[stream or "compute"]
+        c[stream or "compute"] += 1
+        return _Ev(c)
+
+    def wait(self, stream, ev):
+        if ev is not None:
+            c = self.clock[stream]
+            for k, v in ev.clock.items():
+                c[k] = max(c.get(k, 0), v)
+
+    def after(self, stream, ev) -> bool:
+        """Work enqueued on `stream` now runs after `ev`."""
+        return ev is None or all(self.clock[stream].get(k, 0) >= v for k, v in ev.clock.items())
+
+
+def test_a_slot_is_refilled_only_after_the_write_back_of_its_update():
+    """4 blocks, 3 slots, block 1 updated by its load: block 4's load reuses block 1's slot,
+    and must wait for the d2h copy of the updated weights out of it (the compute stream's
+    release of the slot does not cover it); every load of a master waits for its write-back."""
+    torch.manual_seed(0)
+    eng = outcore.Engine(ListModel(), device="cpu", blocks="trunk", max_grad_norm=1.0,
+                         held_gpu_updates=1)
+    order = _StreamOrder(eng.lanes)
+    read_back: dict[int, object] = {}   # slot address -> event of the last d2h read of it
+    reused = []
+    fill = eng.cache.fill
+
+    def checked_fill(g, dst, master):
+        ptr = dst.data_ptr()
+        assert order.after("h2d", eng.host_ready.get(g)), f"block {g}: master still written"
+        assert order.after("h2d", read_back.get(ptr)), f"block {g}: slot still read back"
+        if ptr in read_back:
+            reused.append(g)
+        n = eng.deferred.applied_on_device
+        ev = fill(g, dst, master)
+        if eng.deferred.applied_on_device > n:
+            read_back[ptr] = eng.host_ready[g]
+        return ev
+
+    eng.cache.fill = checked_fill
+    batch = {"x": torch.randn(4, 8), "y": torch.randint(0, 3, (4,))}
+    loss = lambda o, b: nn.functional.cross_entropy(o, b["y"])  # noqa: E731
+    for _ in range(3):
+        eng.train_step(batch, loss_fn=loss)
+    assert eng.deferred.applied_on_device == 2 and 4 in reused
+    eng.close()
+
+
+class _Skipping(ListModel):
+    """ListModel whose forward leaves out the blocks in `skip` (layer drop)."""
+
+    skip: set = set()
+
+    def forward(self, x):
+        h = self.inp(x)
+        for i, blk in enumerate(self.trunk):
+            if i not in self.skip:
+                h = h + blk(h)
+        return self.out(h)
+
+
+def test_a_pending_update_keeps_the_learning_rate_of_its_step():
+    """Blocks 1 and 2 left out of step 2's forward: block 2's pending update (step 1's) is
+    made by step 2's backward prefetch, after set_lr bound step 2's rate; it must still use
+    step 1's rate, as plain PyTorch does."""
+    torch.manual_seed(0)
+    model = _Skipping()
+    ref = copy.deepcopy(model)
+    batch = {"x": torch.randn(4, 8), "y": torch.randint(0, 3, (4,))}
+    loss = lambda o, b: nn.functional.cross_entropy(o, b["y"])  # noqa: E731
+    eng = outcore.Engine(model, optimizer=outcore.AdamW(lr=1e-2, eps=EPS, weight_decay=WD),
+                         device="cpu", blocks="trunk", skip_nonfinite=True, held_gpu_updates=2)
+    opt = torch.optim.AdamW(ref.parameters(), lr=1e-2, eps=EPS, weight_decay=WD)
+    for step, lr in enumerate([1e-2, 1e-1]):
+        model.skip = ref.skip = {0, 1} if step else set()
+        eng.set_lr(lr)
+        eng.train_step(batch, loss_fn=loss)
+        for grp in opt.param_groups:
+            grp["lr"] = lr
+        opt.zero_grad()
+        loss(ref(batch["x"]), batch).backward()
+        opt.step()
+    assert eng.deferred.applied_on_device == 2
+    ours = dict(eng.model.named_parameters())
+    for name, p in ref.named_parameters():
+        assert torch.allclose(ours[name], p, rtol=1e-5, atol=1e-7), name
+    eng.close()
+
+
+def test_the_first_stash_limit_leaves_room_for_the_chunk_ring():
+    kw = dict(device="cpu", blocks="trunk", max_grad_norm=1.0, gpu_memory="64MiB")
+    plain = outcore.Engine(ListModel(), **kw)
+    held = outcore.Engine(ListModel(), held_gpu_updates=2, **kw)
+    assert held.deferred.bytes() > 0
+    assert plain._stash_limit() - held._stash_limit() >= held.deferred.bytes() // 2
+    plain.close()
+    held.close()

@@ -37,7 +37,7 @@ def check_option(v, hold_updates: bool, cuda: bool):
         return 0
     if v == "auto":
         return "auto" if cuda and hold_updates else 0
-    if isinstance(v, int) and v > 0:
+    if isinstance(v, int) and not isinstance(v, bool) and v > 0:
         if not hold_updates:
             raise OutcoreError("held_gpu_updates needs held updates (max_grad_norm or "
                                "skip_nonfinite); without them use gpu_updates")
@@ -52,11 +52,10 @@ class DeferredUpdates:
         self.e = engine
         self.groups: set[int] = set()
         self._held: dict[int, tuple] = {}      # g -> (hbuf, hsq, done) of this backward
-        self.pending: dict[int, tuple] = {}    # g -> (hbuf, hsq, done, scale), released
+        self.pending: dict[int, tuple] = {}    # g -> (hbuf, hsq, done, scale, lr), released
         self._ring: Ring | None = None
         self._chunk = 0
         self._base_fill = None
-        self._no_inf = None
         self.applied_on_device = 0             # updates made by fill (tests, stats)
         self.applied_on_host = 0               # updates made by flush
         self.bytes_h2d = self.bytes_d2h = 0
@@ -67,6 +66,10 @@ class DeferredUpdates:
         for g in gs:
             if 1 <= g < len(e.groups) and g not in self.groups and e.groups[g].numel:
                 if e.lanes.cuda:
+                    # Host wait ('auto' enables between steps): g's CPU update of this step
+                    # may be running on the worker, and pin_ copies a small m, v (< 4 MiB):
+                    # the copy must not be taken while the worker still writes the old one.
+                    e.schedule.wait(g)
                     # Pinned once: DMA in and out every step.
                     e.opt.m[g] = pin_(e.opt.m[g])
                     e.opt.v[g] = pin_(e.opt.v[g])
@@ -74,9 +77,10 @@ class DeferredUpdates:
                 added.append(g)
         if self.groups and self._ring is None:
             block = e.cache.slots[0].buf.numel()
-            self._chunk = -(-block // CHUNKS)
+            # chunks start at multiples of 256 elements (1 KiB): aligned for the fused
+            # kernel's vectorised path
+            self._chunk = -(-block // (CHUNKS * 256)) * 256
             self._ring = Ring(e.lanes, 2, 3 * self._chunk)
-            self._no_inf = torch.zeros((), device=e.lanes.device)
             if e._other_peak is not None:   # the next step's stash limit must leave room
                 e._other_peak += self._ring.bytes()
             self._base_fill = e.cache.fill
@@ -113,11 +117,14 @@ class DeferredUpdates:
         return True
 
     def release(self, scale: float) -> None:
-        """The step's norm is known: this backward's gradients become pending updates."""
+        """The step's norm is known: this backward's gradients become pending updates, with
+        the step's learning rate (the load that applies one may come after a set_lr: a block
+        skipped by the next forward is loaded only by its backward prefetch, or flushed)."""
+        lr = self.e.opt.lr
         for g, (hbuf, hsq, done) in self._held.items():
             if g in self.pending:    # never loaded since its last step: apply that one first
                 self._apply_on_host(g)
-            self.pending[g] = (hbuf, hsq, done, scale)
+            self.pending[g] = (hbuf, hsq, done, scale, lr)
         self._held.clear()
 
     def drop(self) -> None:
@@ -130,12 +137,14 @@ class DeferredUpdates:
         self._held.clear()
 
     # ---- the load (DeviceCache.fill, on the h2d stream) -----------------------------------
-    def fill(self, g: int, dst: torch.Tensor, master: torch.Tensor) -> None:
-        self._base_fill(g, dst, master)
+    def fill(self, g: int, dst: torch.Tensor, master: torch.Tensor):
+        """DeviceCache.fill, then g's pending update if any; returns the event after which
+        the d2h stream no longer reads dst (the slot waits for it before its next fill)."""
+        base = self._base_fill(g, dst, master)
         item = self.pending.pop(g, None)
         if item is None:
-            return
-        hbuf, hsq, done, scale = item
+            return base
+        hbuf, hsq, done, scale, lr = item
         e, lanes = self.e, self.e.lanes
         h2d, d2h = lanes.h2d, lanes.d2h
         lanes.wait(h2d, done)      # stream wait: the gradient's d2h into hbuf has landed
@@ -151,8 +160,9 @@ class DeferredUpdates:
             grad.copy_(hbuf[a:b], non_blocking=True)
             # Enqueued on the h2d stream: after this chunk's copies, before the slot's
             # ready event that the forward waits on. The step count advances once a block.
-            e.opt.device_step(g, dst[a:b], grad, m, v, self._no_inf, advance=b == n,
-                              grad_scale=inv)
+            # found_inf None: a skipped step's gradients never become pending (drop()).
+            e.opt.device_step(g, dst[a:b], grad, m, v, None, advance=b == n,
+                              grad_scale=inv, lr=lr)
             updated = lanes.event(h2d)
             with lanes.on(d2h):
                 lanes.wait(d2h, updated)    # stream wait: the chunk's update is done
@@ -168,6 +178,7 @@ class DeferredUpdates:
         self.bytes_h2d += 12 * n
         self.bytes_d2h += 12 * n
         self.applied_on_device += 1
+        return out   # the last d2h copy read dst (d2h runs in order)
 
     # ---- before the host masters are read -------------------------------------------------
     def flush(self) -> None:
@@ -177,10 +188,10 @@ class DeferredUpdates:
 
     def _apply_on_host(self, g: int) -> None:
         e = self.e
-        hbuf, hsq, done, scale = self.pending.pop(g)
+        hbuf, hsq, done, scale, lr = self.pending.pop(g)
         host_wait(done)  # host sync: the gradient's d2h copy must have landed
         host_wait(e.host_ready.pop(g, None))  # host sync: an earlier device update's d2h
-        e.opt.step(g, hbuf, scale)
+        e.opt.step(g, hbuf, scale, lr=lr)
         e.cache.invalidate(g)    # the master changed: any device copy of it is stale
         e.host.grad_pool.put(hbuf)
         e.host.grad_pool.put(hsq)

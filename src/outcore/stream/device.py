@@ -25,6 +25,7 @@ class _Slot:
     version: int = -1           # the group's master version those weights are from
     ready: object = None        # event: the h2d copy into buf finished
     free_after: object = None   # event: the last compute that read buf finished
+    read_back: object = None    # event: the last device->host copy that read buf finished
     pinned: bool = False        # in use by compute right now
 
 
@@ -82,18 +83,25 @@ class DeviceCache:
             # Stream wait: the copy may not overwrite the slot before the compute that
             # last read it has finished.
             self.lanes.wait(self.lanes.h2d, s.free_after)
+            # Stream wait: a device-side update made by the slot's last fill (deferred.py)
+            # may still be copying the slot's updated weights to the host: the compute
+            # stream's free_after does not cover that d2h read.
+            self.lanes.wait(self.lanes.h2d, s.read_back)
             # Stream wait: a device-side update of g may still be writing the host master.
             self.lanes.wait(self.lanes.h2d, after)
-            self.fill(g, s.buf[:n], master)
+            s.read_back = self.fill(g, s.buf[:n], master)
             s.ready = self.lanes.event(self.lanes.h2d)
         s.group, s.version = g, self.versions[g]
         self.bytes_h2d += n * 4
         self._count_in_flight()
 
-    def fill(self, g: int, dst: torch.Tensor, master: torch.Tensor) -> None:
+    def fill(self, g: int, dst: torch.Tensor, master: torch.Tensor):
         """Copy group g's host master into its device buffer (current stream: h2d).
-        outcore.parallel overrides this: copy this rank's shard, then all-gather."""
+        outcore.parallel overrides this: copy this rank's shard, then all-gather.
+        Returns the event after which no other stream reads dst any more, if one does
+        (deferred.py: the d2h copy of an update made in dst), else None."""
         dst.copy_(master, non_blocking=True)
+        return None
 
     def acquire(self, g: int, master: torch.Tensor, after=None) -> torch.Tensor:
         """Group g's weights on the device (fp32, flat), usable on the compute stream."""

@@ -37,6 +37,10 @@ class DeviceUpdater:
         for g in gs:
             if g not in self.groups and self.e.groups[g].numel:
                 if self.e.lanes.cuda:
+                    # Host wait ('auto' enables between steps): g's CPU update of this step
+                    # may be running on the worker, and pin_ copies a small m, v (< 4 MiB):
+                    # the copy must not be taken while the worker still writes the old one.
+                    self.e.schedule.wait(g)
                     # Pinned once: DMA in and out every step.
                     self.e.opt.m[g] = pin_(self.e.opt.m[g])
                     self.e.opt.v[g] = pin_(self.e.opt.v[g])

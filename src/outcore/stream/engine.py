@@ -324,8 +324,11 @@ class Engine(StepFlow):
             return None
         from .plan import fixed_device_bytes
         usable = int(self.gpu_memory * 0.92)
+        # Before the first measurement: the fixed buffers, the deferred updates' chunk ring
+        # (allocated at construction with held_gpu_updates=k), half of what is left.
+        fixed = fixed_device_bytes(self) + self.deferred.bytes()
         other = self._other_peak if self._other_peak is not None else \
-            fixed_device_bytes(self) + (self.gpu_memory - fixed_device_bytes(self)) // 2
+            fixed + (self.gpu_memory - fixed) // 2
         return max(0, usable - other)
 
     def _install(self):

@@ -87,12 +87,15 @@ class GroupOptimizers:
     def set_lr(self, lr: float) -> None:
         self.lr = lr
 
-    def _kw(self) -> dict:
+    def _kw(self, lr: float | None = None) -> dict:
         c = self.cfg
-        return dict(lr=self.lr, betas=c.betas, eps=c.eps, weight_decay=c.weight_decay)
+        return dict(lr=self.lr if lr is None else lr, betas=c.betas, eps=c.eps,
+                    weight_decay=c.weight_decay)
 
-    def step(self, g: int, grad: torch.Tensor, scale: float = 1.0) -> None:
-        """Update group g on the CPU with `grad` (fp32, flat; times `scale` first if != 1)."""
+    def step(self, g: int, grad: torch.Tensor, scale: float = 1.0,
+             lr: float | None = None) -> None:
+        """Update group g on the CPU with `grad` (fp32, flat; times `scale` first if != 1).
+        lr: the rate of the step the gradient is from, if not the current one."""
         if self.masters[g].numel() == 0:
             return
         inv = None
@@ -102,18 +105,19 @@ class GroupOptimizers:
             else:
                 grad.mul_(scale)
         _adamw([self.masters[g]], [grad], [self.m[g]], [self.v[g]], [self.steps[g]],
-               fused=self.fused, grad_scale=inv, **self._kw())
+               fused=self.fused, grad_scale=inv, **self._kw(lr))
 
     def device_step(self, g: int, w: torch.Tensor, grad: torch.Tensor, m: torch.Tensor,
-                    v: torch.Tensor, found_inf: torch.Tensor, advance: bool = True,
-                    grad_scale: torch.Tensor | None = None) -> None:
+                    v: torch.Tensor, found_inf: torch.Tensor | None, advance: bool = True,
+                    grad_scale: torch.Tensor | None = None, lr: float | None = None) -> None:
         """Update group g on the device: w (fp32 weights), m, v in place; enqueued on the
         current stream, no host sync. Skipped by the kernel when found_inf != 0. A group
         updated in pieces (w, grad, m, v slices) passes advance=False but for the last.
-        grad_scale: the kernel divides the gradient by it (as `step` does for a scale)."""
+        grad_scale: the kernel divides the gradient by it (as `step` does for a scale).
+        found_inf None: never skipped; lr: as in `step`."""
         step = torch.full((), float(self.steps[g]), device=w.device)
         _adamw([w], [grad], [m], [v], [step], fused=True, found_inf=found_inf,
-               grad_scale=grad_scale, **self._kw())
+               grad_scale=grad_scale, **self._kw(lr))
         if advance:
             self.steps[g] += 1  # host copy of the count (the device one is discarded)
 
