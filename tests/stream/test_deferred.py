@@ -196,18 +196,25 @@ class _Skipping(ListModel):
         return self.out(h)
 
 
-def test_a_pending_update_keeps_the_learning_rate_of_its_step():
-    """Blocks 1 and 2 left out of step 2's forward: block 2's pending update (step 1's) is
-    made by step 2's backward prefetch, after set_lr bound step 2's rate; it must still use
-    step 1's rate, as plain PyTorch does."""
+def _skipping_setup(**engine_kw):
+    """(model, its copy, batch, loss, engine, plain AdamW) for the layer-drop tests."""
     torch.manual_seed(0)
     model = _Skipping()
     ref = copy.deepcopy(model)
     batch = {"x": torch.randn(4, 8), "y": torch.randint(0, 3, (4,))}
     loss = lambda o, b: nn.functional.cross_entropy(o, b["y"])  # noqa: E731
     eng = outcore.Engine(model, optimizer=outcore.AdamW(lr=1e-2, eps=EPS, weight_decay=WD),
-                         device="cpu", blocks="trunk", skip_nonfinite=True, held_gpu_updates=2)
+                         device="cpu", blocks="trunk", **engine_kw)
     opt = torch.optim.AdamW(ref.parameters(), lr=1e-2, eps=EPS, weight_decay=WD)
+    return model, ref, batch, loss, eng, opt
+
+
+def test_a_pending_update_keeps_the_learning_rate_of_its_step():
+    """Blocks 1 and 2 left out of step 2's forward: block 2's pending update (step 1's) is
+    made by step 2's backward prefetch, after set_lr bound step 2's rate; it must still use
+    step 1's rate, as plain PyTorch does."""
+    model, ref, batch, loss, eng, opt = _skipping_setup(skip_nonfinite=True,
+                                                        held_gpu_updates=2)
     for step, lr in enumerate([1e-2, 1e-1]):
         model.skip = ref.skip = {0, 1} if step else set()
         eng.set_lr(lr)
@@ -232,3 +239,26 @@ def test_the_first_stash_limit_leaves_room_for_the_chunk_ring():
     assert plain._stash_limit() - held._stash_limit() >= held.deferred.bytes() // 2
     plain.close()
     held.close()
+
+
+def test_a_block_run_without_its_predecessor_waits_for_its_own_update():
+    """Layer drop: when block 1 is left out, nothing prefetched block 2, and its forward
+    must still wait for block 2's CPU update of the last step (a slow worker here)."""
+    import time
+    model, ref, batch, loss, eng, opt = _skipping_setup()
+    step = eng.opt.step
+
+    def slow_step(g, *a, **kw):
+        if g == 2:
+            time.sleep(0.3)           # the update the next forward must wait for
+        step(g, *a, **kw)
+    eng.opt.step = slow_step
+    for skip in (set(), {0}):
+        model.skip = ref.skip = skip
+        got = eng.train_step(batch, loss_fn=loss)
+        opt.zero_grad()
+        want = loss(ref(batch["x"]), batch)
+        want.backward()
+        opt.step()
+        assert got == pytest.approx(want.item(), rel=1e-5)
+    eng.close()

@@ -81,6 +81,10 @@ class BlockRunner:
     # -- forward ----------------------------------------------------------------
     def forward_block(self, g: int, hidden: torch.Tensor, extra):
         e = self.e
+        # Host wait for g's update of the last step, if block g-1 did not already prefetch
+        # g (a model that skips or reorders blocks, like layer drop): loading g's master
+        # while the CPU worker still writes it would train on half-updated weights.
+        e.prefetch_forward(g)
         _, w = self._weights(g)
         B = hidden.shape[0]
         n, size = n_micro(B, e.micro_batch_size)
