@@ -30,6 +30,7 @@ from .handles import Generation, Handle, dense, node_seq
 from .host import HostStore
 from .policy import BudgetPolicy, StepPlan
 from .report import CopyClock, SwapReport
+from .unhooked import UnhookedForwards
 
 
 def _alias(t: torch.Tensor) -> torch.Tensor:
@@ -54,7 +55,7 @@ class _DeviceState:
         self.out_bytes = 0
 
 
-class ActivationSwapper:
+class ActivationSwapper(UnhookedForwards):
     """pack/unpack for torch.autograd.graph.saved_tensors_hooks; see the module docstring.
 
     The owner (context.py) calls begin_forward()/end_forward(outputs) around each forward
@@ -85,40 +86,6 @@ class ActivationSwapper:
             self.trace.append((kind, gen.id, index, nbytes))
 
     # ---- forward boundaries -------------------------------------------------------------
-    def fits_unhooked(self, signature) -> bool:
-        """True when a forward with these inputs needs no hooks at all: the last forward
-        with the same input signature kept every saved tensor on the device, and its saved
-        bytes still fit each device's budget with what is allocated now. Packing costs
-        Python work per saved tensor; skipping it makes a step that fits as fast as plain
-        PyTorch."""
-        if signature is None or signature != self._fit_sig or not self._states:
-            return False
-        for dev, st in self._states.items():
-            alloc = torch.cuda.memory_allocated(dev) if st.cuda else 0
-            if not st.policy.fits(alloc, self.pending_grad(dev)):
-                return False
-        return True
-
-    def begin_unhooked(self) -> None:
-        """An unhooked forward starts: note each device's allocated bytes and the room its
-        saved tensors have under the budget."""
-        self._unhooked_room = {}
-        for d, st in self._states.items():
-            if st.cuda:
-                alloc = torch.cuda.memory_allocated(d)
-                self._unhooked_room[d] = (alloc, st.policy.room(alloc, self.pending_grad(d)))
-
-    def end_unhooked(self, failed: bool) -> None:
-        """An unhooked forward ended. It vouches for the next one only if it succeeded and
-        what it kept on each device still fit that room: the same input shapes can save
-        more (routing, masks), and an out-of-memory retry must run hooked."""
-        if failed:
-            self._fit_sig = None
-            return
-        for d, (before, room) in getattr(self, "_unhooked_room", {}).items():
-            if room is None or torch.cuda.memory_allocated(d) - before > room:
-                self._fit_sig = None
-
     def begin_forward(self, signature=None) -> None:
         self._sig = signature
         self._gens += 1
