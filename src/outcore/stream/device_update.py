@@ -17,8 +17,27 @@ from __future__ import annotations
 
 import torch
 
+from ..errors import OutcoreError
 from ..memory import pin_
 from ..transfer import host_wait
+
+
+def check_option(v, hold_updates: bool, cuda: bool):
+    """Engine(gpu_updates=...): 0 (off), 'auto' (groups added while the step waits for
+    CPU updates; CUDA only) or a number of blocks, with rest, to update on the device."""
+    if v in (None, 0, "off"):
+        return 0
+    if v == "auto":
+        # Device-side updates cannot wait for a global norm without holding gradients
+        # on the device, so clipping keeps every update on the CPU (see deferred.py).
+        return "auto" if cuda and not hold_updates else 0
+    if isinstance(v, int) and not isinstance(v, bool) and v >= 0:
+        if hold_updates and v > 0:
+            raise OutcoreError("gpu_updates > 0 cannot be combined with max_grad_norm or "
+                               "skip_nonfinite: they need every gradient before any update")
+        return v
+    raise OutcoreError(f"gpu_updates={v!r}: use 'auto', 0 or the number of blocks to "
+                       "update on the device")
 
 
 class DeviceUpdater:

@@ -31,10 +31,11 @@ from .device import DeviceCache
 from .deferred import DeferredUpdates
 from .deferred import check_option as check_held
 from .device_update import DeviceUpdater
+from .device_update import check_option as check_gpu_updates
 from .flow import StepFlow
 from .ring import Ring
 from .optimizer import AdamW, GroupOptimizers
-from .runner import BlockFn, BlockRunner
+from .runner import BlockRunner
 from .schedule import UpdateSchedule
 from .stash import ActivationStash
 from .stats import ComputeTimer, StepStats
@@ -94,7 +95,8 @@ class Engine(StepFlow):
         self.stats = StepStats()
         self.updater = DeviceUpdater(self)
         self.host_ready = self.updater.ready_events
-        self.gpu_updates = self._check_gpu_updates(gpu_updates)
+        self.gpu_updates = check_gpu_updates(gpu_updates, self.hold_updates,
+                                             self.lanes.cuda)
         if isinstance(self.gpu_updates, int) and self.gpu_updates > 0:
             self.updater.enable(range(min(len(self.groups), self.gpu_updates + 1)))
         self._cpu_busy_s = 0.0
@@ -154,21 +156,6 @@ class Engine(StepFlow):
         self.schedule.wait_all()
         self.updater.synchronize()
 
-    def _check_gpu_updates(self, v):
-        if v in (None, 0, "off"):
-            return 0
-        if v == "auto":
-            # Device-side updates cannot wait for a global norm without holding gradients
-            # on the device, so clipping keeps every update on the CPU.
-            return "auto" if self.lanes.cuda and not self.hold_updates else 0
-        if isinstance(v, int) and v >= 0:
-            if self.hold_updates and v > 0:
-                raise OutcoreError("gpu_updates > 0 cannot be combined with max_grad_norm or "
-                                   "skip_nonfinite: they need every gradient before any update")
-            return v
-        raise OutcoreError(f"gpu_updates={v!r}: use 'auto', 0 or the number of blocks to "
-                           "update on the device")
-
     def set_lr(self, lr: float) -> None:
         """Learning rate for the updates of the next train_step.
 
@@ -200,11 +187,11 @@ class Engine(StepFlow):
         self.stash.limit = self._stash_limit()
         if self.lanes.cuda:
             torch.cuda.reset_peak_memory_stats(self.device)
-        originals = self._install()
+        originals = self.runner.install()
         try:
             loss = self._forward_backward(kwargs, batch, loss_fn)
         finally:
-            self._uninstall(originals)
+            self.runner.uninstall(originals)
             self.in_train_step = False
         self._finish_step(t0)
         loss_value = loss.item()  # host sync: the step's loss, once per step
@@ -330,34 +317,6 @@ class Engine(StepFlow):
         other = self._other_peak if self._other_peak is not None else \
             fixed + (self.gpu_memory - fixed) // 2
         return max(0, usable - other)
-
-    def _install(self):
-        """Route each block's forward through the streaming runner for this step."""
-        originals = []
-        for grp in self.groups[1:]:
-            mod, g = grp.module, grp.index
-
-            def fwd(*args, _g=g, _mod=mod, **kw):
-                if self.runner.inside == _g:  # the runner's own call: the real forward
-                    return type(_mod).forward(_mod, *args, **kw)
-                if args:
-                    hidden, rest = args[0], args[1:]
-                else:
-                    hidden, rest = kw.pop("hidden_states"), ()
-                out = BlockFn.apply(self.runner, _g, (rest, kw), self._anchor, hidden)
-                n = self.runner.tuple_len.get(_g)
-                return out if n is None else (out,) + (None,) * (n - 1)
-            originals.append((mod, mod.__dict__.get("forward")))
-            mod.forward = fwd
-        return originals
-
-    @staticmethod
-    def _uninstall(originals) -> None:
-        for mod, orig in originals:
-            if orig is None:
-                del mod.forward
-            else:
-                mod.forward = orig
 
     def save(self, path) -> None:
         from .checkpoint import save

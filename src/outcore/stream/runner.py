@@ -46,7 +46,36 @@ class BlockRunner:
     def __init__(self, engine):
         self.e = engine
         self.tuple_len: dict[int, int | None] = {}
-        self.inside = -1  # the block whose real forward is running (see Engine._install)
+        self.inside = -1  # the block whose real forward is running (see install)
+
+    # -- routing the blocks' forwards through the runner, for one step -------------
+    def install(self) -> list:
+        """Route each block's forward through BlockFn; returns what uninstall() restores."""
+        e, originals = self.e, []
+        for grp in e.groups[1:]:
+            mod, g = grp.module, grp.index
+
+            def fwd(*args, _g=g, _mod=mod, **kw):
+                if self.inside == _g:  # the runner's own call: the real forward
+                    return type(_mod).forward(_mod, *args, **kw)
+                if args:
+                    hidden, rest = args[0], args[1:]
+                else:
+                    hidden, rest = kw.pop("hidden_states"), ()
+                out = BlockFn.apply(self, _g, (rest, kw), e._anchor, hidden)
+                n = self.tuple_len.get(_g)
+                return out if n is None else (out,) + (None,) * (n - 1)
+            originals.append((mod, mod.__dict__.get("forward")))
+            mod.forward = fwd
+        return originals
+
+    @staticmethod
+    def uninstall(originals: list) -> None:
+        for mod, orig in originals:
+            if orig is None:
+                del mod.forward
+            else:
+                mod.forward = orig
 
     # -- helpers ---------------------------------------------------------------
     def autocast_state(self):
