@@ -151,7 +151,7 @@ class DeferredUpdates:
         n, c = dst.numel(), self._chunk
         # the clip coefficient, applied by the kernel as the CPU path applies it
         inv = inverse_scale(scale, dst.device) if scale != 1.0 else None
-        for k, a in enumerate(range(0, n, c)):
+        for a in range(0, n, c):
             b = min(a + c, n)
             i, buf = self._ring.take(h2d)   # stream wait inside: the buffer's last d2h
             m, v, grad = buf[:b - a], buf[c:c + b - a], buf[2 * c:2 * c + b - a]
