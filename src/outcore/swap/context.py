@@ -91,7 +91,6 @@ class Swap:
                 self.acts.begin_forward(sig)
             else:
                 self._report.unhooked_forwards += 1
-                self.acts.begin_unhooked()
         ctx = None
         if self._hooked:
             ctx = saved_tensors_hooks(self.acts.pack, self.acts.unpack)

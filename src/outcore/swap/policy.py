@@ -93,12 +93,6 @@ class BudgetPolicy:
             base -= pending_grad
         return base - self.reserve(max(self.profile))
 
-    def fits(self, allocated: int, pending_grad: int) -> bool:
-        """True when the last forward's candidates all fit under the budget with `allocated`
-        bytes in use now: a forward of the same shapes would keep everything."""
-        room = self.room(allocated, pending_grad)
-        return room is not None and sum(self.profile) <= room
-
     def offload(self, plan: StepPlan, nbytes: int) -> bool:
         """True: send this candidate to the host; False: keep it on the device."""
         i = plan.i

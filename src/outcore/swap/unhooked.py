@@ -24,24 +24,21 @@ class UnhookedForwards:
         """True when a forward with these inputs needs no hooks at all: the last forward
         with the same input signature kept every saved tensor on the device, and its saved
         bytes still fit each device's budget with what is allocated now. Packing costs
-        Python work per saved tensor; skipping it makes a step that fits as fast as plain
-        PyTorch."""
+        Python work per saved tensor (`policy.room` minus the profile's bytes); skipping it makes a step that fits as fast as plain
+        PyTorch. On True, each CUDA device's allocated bytes and room are kept for
+        end_unhooked (measured once, here)."""
         if signature is None or signature != self._fit_sig or not self._states:
             return False
+        rooms = {}
         for dev, st in self._states.items():
             alloc = torch.cuda.memory_allocated(dev) if st.cuda else 0
-            if not st.policy.fits(alloc, self.pending_grad(dev)):
+            room = st.policy.room(alloc, self.pending_grad(dev))
+            if room is None or sum(st.policy.profile) > room:
                 return False
-        return True
-
-    def begin_unhooked(self) -> None:
-        """An unhooked forward starts: note each device's allocated bytes and the room its
-        saved tensors have under the budget."""
-        self._unhooked_room = {}
-        for d, st in self._states.items():
             if st.cuda:
-                alloc = torch.cuda.memory_allocated(d)
-                self._unhooked_room[d] = (alloc, st.policy.room(alloc, self.pending_grad(d)))
+                rooms[dev] = (alloc, room)
+        self._unhooked_room = rooms
+        return True
 
     def end_unhooked(self, failed: bool) -> None:
         """An unhooked forward ended. It vouches for the next one only if it succeeded and
