@@ -23,10 +23,10 @@ class UnhookedForwards:
     def fits_unhooked(self, signature) -> bool:
         """True when a forward with these inputs needs no hooks at all: the last forward
         with the same input signature kept every saved tensor on the device, and its saved
-        bytes still fit each device's budget with what is allocated now. Packing costs
-        Python work per saved tensor (`policy.room` minus the profile's bytes); skipping it makes a step that fits as fast as plain
-        PyTorch. On True, each CUDA device's allocated bytes and room are kept for
-        end_unhooked (measured once, here)."""
+        bytes (the profile) still fit each device's room under the budget (`policy.room`)
+        with what is allocated now. Packing costs Python work per saved tensor; skipping
+        it makes a step that fits as fast as plain PyTorch. On True, each CUDA device's
+        allocated bytes and room are kept for end_unhooked (measured once, here)."""
         if signature is None or signature != self._fit_sig or not self._states:
             return False
         rooms = {}
