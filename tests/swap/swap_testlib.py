@@ -40,6 +40,23 @@ def assert_same_grads(a: nn.Module, b: nn.Module) -> None:
             assert torch.equal(p.grad, q.grad), f"gradient of {name} differs"
 
 
+def autocast_bf16_pair(plain: nn.Module, swapped: nn.Module, **swap_kw):
+    """One bf16-autocast step of `plain`, and of `swapped` inside outcore.swap(**swap_kw):
+    asserts equal losses and gradients; returns the swap's report."""
+    import outcore
+    x, y = batch(4)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss_a = loss_of(plain, x, y)
+    loss_a.backward()
+    with outcore.swap(swapped, **swap_kw) as s:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss_b = loss_of(swapped, x, y)
+        loss_b.backward()
+    assert torch.equal(loss_a, loss_b)
+    assert_same_grads(plain, swapped)
+    return s.report()
+
+
 def assert_same_state(a: nn.Module, b: nn.Module) -> None:
     for (name, t), u in zip(a.state_dict().items(), b.state_dict().values()):
         assert torch.equal(t, u), f"{name} differs"

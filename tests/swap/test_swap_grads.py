@@ -6,7 +6,8 @@ import torch
 from torch import nn
 
 import outcore
-from swap_testlib import assert_same_grads, assert_same_state, batch, loss_of, tiny_cnn, twin
+from swap_testlib import (assert_same_grads, assert_same_state, autocast_bf16_pair, batch,
+                          loss_of, tiny_cnn, twin)
 
 FORCE = dict(min_swap_bytes=1, force_copy=True)
 
@@ -48,18 +49,7 @@ def test_several_steps_with_optimizer_match_plain():
 
 def test_autocast_bf16_matches_plain_autocast():
     plain = tiny_cnn()
-    swapped = twin(plain)
-    x, y = batch(4)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        loss_a = loss_of(plain, x, y)
-    loss_a.backward()
-    with outcore.swap(swapped, **FORCE) as s:
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            loss_b = loss_of(swapped, x, y)
-        loss_b.backward()
-    assert torch.equal(loss_a, loss_b)
-    assert_same_grads(plain, swapped)
-    assert s.report().offloaded_tensors > 0
+    assert autocast_bf16_pair(plain, twin(plain), **FORCE).offloaded_tensors > 0
 
 
 def test_small_tensors_stay():
