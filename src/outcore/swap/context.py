@@ -97,6 +97,12 @@ class Swap:
             ctx.__enter__()
         self._stack.append(ctx)
 
+    def _pop_hooks(self) -> None:
+        """Leave the innermost forward's saved-tensor hooks (None: it ran unhooked)."""
+        ctx = self._stack.pop() if self._stack else None
+        if ctx is not None:
+            ctx.__exit__(None, None, None)
+
     def _drop_dead_forwards(self) -> None:
         """Forget forwards that ended without _exit: torch runs always-call hooks for an
         Exception only, so a KeyboardInterrupt inside forward leaves depth, the frame and
@@ -108,9 +114,7 @@ class Swap:
             f = f.f_back
         while self._frames and id(self._frames[-1]) not in live:
             self._frames.pop()
-            ctx = self._stack.pop() if self._stack else None
-            if ctx is not None:
-                ctx.__exit__(None, None, None)
+            self._pop_hooks()
             self._depth = max(0, self._depth - 1)
             if self._depth == 0 and self._hooked:
                 self.acts.end_forward([], failed=True)
@@ -118,10 +122,7 @@ class Swap:
     def _exit(self, module, args, output) -> None:
         if self._frames:
             self._frames.pop()
-        if self._stack:
-            ctx = self._stack.pop()
-            if ctx is not None:
-                ctx.__exit__(None, None, None)
+        self._pop_hooks()
         self._depth = max(0, self._depth - 1)
         if self._depth == 0:
             outs = _tensors(output)
@@ -165,9 +166,7 @@ class Swap:
         self._handles.clear()
         self._frames.clear()
         while self._stack:  # only when close() runs inside the model's forward
-            ctx = self._stack.pop()
-            if ctx is not None:
-                ctx.__exit__(None, None, None)
+            self._pop_hooks()
         self.acts.remove_node_hooks()
         self.acts.finish()
         if self.params is not None:
