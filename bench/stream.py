@@ -293,6 +293,8 @@ def main() -> None:
     ap.add_argument("--alloc-conf", default="expandable_segments:True",
                     help="PYTORCH_CUDA_ALLOC_CONF for every run ('' for torch's default)")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--skip-tests", action="store_true", help="do not run the GPU test "
+                    "module (tests/stream/test_gpu.py) before the cases")
     ap.add_argument("--clip", type=float, default=None, help="max_grad_norm for every system "
                     "(outcore then holds its updates until the norm is known)")
     ap.add_argument("--held-gpu-updates", default="0", help="outcore's held_gpu_updates: 0, "
@@ -324,6 +326,9 @@ def main() -> None:
         + (["--profile"] if args.profile else []) + (["--clip", str(args.clip)] if args.clip
                                                      else [])
     doc["clip"], doc["held_gpu_updates"] = args.clip, args.held_gpu_updates
+    if not args.skip_tests:
+        doc["gpu_tests"] = gpu_tests()
+        common.write(doc, args.out or f"stream-{common.machine_name()}")
     for case in args.cases.split(","):
         size, tokens, micro = CASES[case]
         for system in args.systems.split(","):
@@ -345,6 +350,23 @@ def main() -> None:
     print(common.table(doc["runs"], ["system", "case", "tokens_per_s", "model_tflops",
                                      "peak_gpu_gb", "host_bytes_per_param", "compute_s",
                                      "copy_wait_s", "optimizer_wait_s", "error"]))
+
+
+def gpu_tests() -> dict:
+    """Runs tests/stream/test_gpu.py (fp32 numerics against plain PyTorch, the budget) in a
+    subprocess first, so every results file says whether the engine was correct on this GPU."""
+    t = time.time()
+    p = subprocess.run([sys.executable, "-m", "pytest", "-o", "addopts=", "-q", "-p", "no:cacheprovider",
+                        str(common.ROOT / "tests" / "stream" / "test_gpu.py")],
+                       capture_output=True, text=True, cwd=common.ROOT)
+    tail = (p.stdout + p.stderr).strip().splitlines()
+    summary = next((l for l in reversed(tail) if " passed" in l or " failed" in l
+                    or " skipped" in l or " error" in l), tail[-1] if tail else "")
+    print(f"== gpu tests: {summary}", flush=True)
+    if p.returncode != 0:
+        sys.stdout.write("\n".join(tail[-30:]) + "\n")
+    return {"module": "tests/stream/test_gpu.py", "returncode": p.returncode,
+            "summary": summary.strip("= "), "wall_s": round(time.time() - t, 1)}
 
 
 def largest_layers() -> int:
