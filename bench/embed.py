@@ -19,8 +19,11 @@ planted communities):
   throughput-1gpu  positive edges/s at d=128, table resident (median of epochs 2..n), with
                    the default negatives (63 batch + 64 sampled per side); the -light row
                    with 16 sampled negatives a side (GraphVite-like work per edge)
-  throughput-1gpu-fused(-light)  the same two configurations with kernel="fused" (one
-                   Triton kernel a step; chunks update the table Hogwild-style)
+  throughput-1gpu-fused(-batch16, -light)  kernel="fused" (one Triton kernel a step;
+                   chunks update the table Hogwild-style) with the default negatives, with
+                   63 batch + 16 sampled, and with the light ones
+  quality-fused-batch16, quality-fused-light  the quality graph trained by the fused kernel
+                   in those two configurations (what their speed costs in MRR)
   throughput-2gpu  the same with one process per GPU (two-GPU machine), speedup vs 1 GPU
   fits-table       edges/s when the table fits the --gpu-memory budget
   oversized-table  edges/s when the table is 4x that budget (partitions streamed)
@@ -181,6 +184,16 @@ def sync():
 
 def peak_gb() -> float | None:
     return torch.cuda.max_memory_allocated() / 1e9 if torch.cuda.is_available() else None
+
+
+# kernel="fused" configurations (chunk sizes and negatives must be powers of two):
+#   default: 63 batch + 64 sampled negatives per chunk of 64, each side
+#   batch16: 63 batch + 16 sampled: the batch negatives cost only dots (their rows are the
+#            chunk's own), sampled ones cost a row load and an atomic row update each
+#   light:   16 sampled, no batch ones (GraphVite-like work per edge)
+FUSED = {"default": dict(kernel="fused", chunk_size=64, num_negatives=64),
+         "batch16": dict(kernel="fused", chunk_size=64, num_negatives=16),
+         "light": dict(kernel="fused", chunk_size=64, num_negatives=16, batch_negatives=False)}
 
 
 def train_measure(src, dst, n, devices, epochs, **kw) -> tuple[dict, EmbeddingTrainer]:
@@ -345,6 +358,8 @@ def main() -> int:
     deadline = t_start + budget
     machine = "cpu-smoke" if not cuda else ("nvidia-h200" if gpus == 1 else f"nvidia-h200-x{gpus}")
     short = "cpu-smoke" if not cuda else ("h200" if gpus == 1 else f"h200x{gpus}")
+    if args.out and os.sep not in args.out:      # a bare name, as the other benches take
+        args.out = os.path.join(HERE, "results", args.out.removesuffix(".json") + ".json")
     out = args.out or (os.path.join(tempfile.gettempdir(), "embed-cpu-smoke.json") if not cuda
                        else os.path.join(HERE, "results", f"embed-{short}.json"))
     res = Results(out, machine, "python3 bench/embed.py " + " ".join(sys.argv[1:]))
@@ -378,7 +393,7 @@ def main() -> int:
             case(res, "outcore", "gpu-check-fused", lambda: run_check_fused(dev), deadline, 20)
     # ---- quality graph, TSV reading, quality (one-GPU machine and smoke) -------------
     if not two_gpu_run and "quality" in groups:
-        run_quality(res, S, dev, work, deadline, pbg_version)
+        run_quality(res, S, dev, work, deadline, pbg_version, fused_ok=cuda or interp)
     # ---- throughput -------------------------------------------------------------------
     if "throughput" in groups:
         run_throughput(res, S, devs1, gpus, cuda, deadline, fused_ok=cuda or interp)
@@ -429,12 +444,14 @@ def run_check(dev) -> dict:
 
 def run_check_fused(dev) -> dict:
     """The fused Triton step on the GPU against its plain-torch emulation, on a batch whose
-    rows are all distinct (so the parallel chunks cannot interact)."""
+    rows are all distinct (so the parallel chunks cannot interact). Chunks of 32 keep the
+    dot operands in fp32 (chunks of 64 need more shared memory than an H200 has)."""
     from outcore.embed.fused import emulate, fused_step
     torch.manual_seed(0)
-    cfg = EmbedConfig(dim=128, chunk_size=64, num_negatives=64, lr=0.1, kernel="fused")
-    n, B, M = 100_000, 256, 64
-    K = B // 64
+    C = M = 32
+    cfg = EmbedConfig(dim=128, chunk_size=C, num_negatives=M, lr=0.1, kernel="fused")
+    n, B = 100_000, 256
+    K = B // C
     ids = torch.randperm(n)[:2 * B + 2 * K * M].to(dev)
     u, v = ids[:B], ids[B:2 * B]
     nu, nv = ids[2 * B:2 * B + K * M], ids[2 * B + K * M:]
@@ -451,7 +468,7 @@ def run_check_fused(dev) -> dict:
             "ok": err < 2e-3, "note": "tl.dot runs in TF32 on the GPU, the emulation in fp32"}
 
 
-def run_quality(res, S, dev, work, deadline, pbg_version):
+def run_quality(res, S, dev, work, deadline, pbg_version, fused_ok=False):
     n, m = S["q_nodes"], S["q_edges"]
     tsv = os.path.join(work, "quality.tsv")
     t = time.perf_counter()
@@ -497,6 +514,17 @@ def run_quality(res, S, dev, work, deadline, pbg_version):
                 "batch_size": row["batch_size"], "edges_per_s": row["edges_per_s"],
                 "peak_gpu_gb": row["peak_gpu_gb"]}
     q = case(res, "outcore", "quality", quality_outcore, deadline, 20)
+    if fused_ok:
+        for name in ("batch16", "light"):
+            def quality_fused(name=name):
+                cfg = dict(FUSED[name], lr=0.1, loss="softmax", score="dot", neg_power=0.0)
+                row, tr = train_measure(tr_s, tr_d, n, [dev], S["q_epochs"],
+                                        batch_size=S["q_batch"], **cfg)
+                m_ = evaluate_link_prediction(tr.table, te_s, te_d, **ev)
+                return {"mrr": m_["mrr"], "hits10": m_["hits10"], "wall_s": row["wall_s"],
+                        "epochs": S["q_epochs"], "dim": 128, "negatives": row["negatives"],
+                        "edges_per_s": row["edges_per_s"], "kernel": "fused"}
+            case(res, "outcore", f"quality-fused-{name}", quality_fused, deadline, 20)
     if not pbg_version:
         res.add({"system": "pbg", "case": "quality", "error": "torchbiggraph unavailable"})
         return
@@ -567,18 +595,13 @@ def run_throughput(res, S, devs1, gpus, cuda, deadline, fused_ok=True):
     if gpus <= 1:
         case(res, "outcore", "throughput-1gpu-light", light, deadline, 30)
 
-    def fused_kw(light_cfg: bool) -> dict:
-        if light_cfg:
-            return dict(kernel="fused", chunk_size=64, num_negatives=16, batch_negatives=False)
-        return dict(kernel="fused", chunk_size=64, num_negatives=64)
-
-    def one_fused(light_cfg=False):
+    def one_fused(name="default"):
         def run():
             # under Triton's CPU interpreter (smoke) a few thousand edges are plenty
             cut = None if cuda else 4096
             row, _ = train_measure(src[:cut], dst[:cut], n, devs1, S["tp_epochs"] if cuda else 2,
-                                   **fused_kw(light_cfg), **kw)
-            box["one-fused" + ("-light" if light_cfg else "")] = row["edges_per_s"]
+                                   **FUSED[name], **kw)
+            box["one-fused" + ("" if name == "default" else f"-{name}")] = row["edges_per_s"]
             from outcore.embed.fused import low_precision_dots
             lowp = any(low_precision_dots().values())
             return dict(row, kernel="fused (Triton; Hogwild within a batch)",
@@ -587,7 +610,7 @@ def run_throughput(res, S, devs1, gpus, cuda, deadline, fused_ok=True):
 
     def multi(devs, fused: bool):
         def run():
-            extra = fused_kw(False) if fused else {}
+            extra = FUSED["default"] if fused else {}
             row, tr = train_measure(src, dst, n, devs, S["tp_epochs"], **extra, **kw)
             tr.close()
             row["devices"] = len(devs)
@@ -629,7 +652,8 @@ def run_throughput(res, S, devs1, gpus, cuda, deadline, fused_ok=True):
     case(res, "outcore", "oversized-table", oversized, deadline, 40)
     if fused_ok:
         case(res, "outcore", "throughput-1gpu-fused", one_fused(), deadline, 30)
-        case(res, "outcore", "throughput-1gpu-fused-light", one_fused(True), deadline, 30)
+        case(res, "outcore", "throughput-1gpu-fused-batch16", one_fused("batch16"), deadline, 30)
+        case(res, "outcore", "throughput-1gpu-fused-light", one_fused("light"), deadline, 30)
 
 
 def run_biggest(res, S, dev, work, deadline, cuda):

@@ -104,7 +104,7 @@ def emulate(rows_a, state_a, rows_b, state_b, u, v, nu, nv, cfg: EmbedConfig,
     d, C, M = cfg.dim, cfg.chunk_size, cfg.num_negatives
     k_state = state_a.shape[1] // cfg.sides
     spec = LossSpec(chunk=C, batch_negatives=cfg.batch_negatives)
-    total = torch.zeros(())
+    total = torch.zeros((), device=rows_a.device)
     B = u.numel()
     for k in range(-(-B // C)):
         cu, cv = u[k * C:(k + 1) * C], v[k * C:(k + 1) * C]

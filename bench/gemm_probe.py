@@ -1,0 +1,119 @@
+#!/usr/bin/env python3
+"""Where the time of an out-of-core GEMM goes on one GPU: tile/piece variants and a
+per-stream timeline of one product.
+
+    PYTHONPATH=src python3 bench/gemm_probe.py        # about 1.5 min on one H200
+
+For tf32 and bf16 at 32768 (and fp32 at 16384), each plan variant is timed (median of 3
+after a warm-up); then the default plan's product runs once under torch.profiler, and the
+trace is reduced per CUDA stream: busy seconds, span, the copies' achieved GB/s, and for
+the stream that runs the GEMMs the idle time before its first kernel, inside its span and
+after its last kernel. Writes bench/results/gemm-probe-<machine>.json.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+from gemm import fill_  # noqa: E402
+
+from outcore.gemm.matmul import matmul  # noqa: E402
+from outcore.memory import pin_  # noqa: E402
+
+N = 32768
+CASES = [  # (compute, size, tile variants; None = the planner's choice)
+    ("tf32", N, [None, (4096, 4096, N, 8192), (8192, 8192, N, 4096), (8192, 8192, N, 8192)]),
+    ("bf16", N, [None, (4096, 4096, N, 4096), (4096, 4096, N, 8192), (8192, 8192, N, 8192)]),
+    ("fp32", 16384, [None, (4096, 4096, 16384, 4096), (4096, 4096, 16384, 8192)]),
+]
+
+
+def timed(fn, runs=3) -> list[float]:
+    fn()                                   # warm-up: buffers, handles, the copy probe
+    out = []
+    for _ in range(runs):
+        t = time.perf_counter()
+        fn()                               # matmul returns when C is on the host
+        out.append(time.perf_counter() - t)
+    return out
+
+
+def streams(trace_path: str) -> dict:
+    """Per-stream busy time, span and copy rate from a chrome trace of one product."""
+    with open(trace_path) as f:
+        ev = json.load(f)["traceEvents"]
+    per: dict = {}
+    for e in ev:
+        if e.get("ph") != "X" or e.get("cat") not in ("kernel", "gpu_memcpy", "gpu_memset"):
+            continue
+        s = per.setdefault(str(e.get("args", {}).get("stream")), {"iv": [], "bytes": 0,
+                                                                 "kinds": set()})
+        s["iv"].append((e["ts"], e["ts"] + e["dur"]))
+        s["kinds"].add(e["cat"])
+        s["bytes"] += int(e.get("args", {}).get("bytes", 0) or 0)
+    if not per:
+        return {}
+    t0 = min(a for s in per.values() for a, _ in s["iv"])
+    t1 = max(b for s in per.values() for _, b in s["iv"])
+    out = {"span_s": (t1 - t0) / 1e6}
+    for sid, s in per.items():
+        iv = sorted(s["iv"])
+        busy = sum(b - a for a, b in iv)
+        row = {"kinds": sorted(s["kinds"]), "ops": len(iv), "busy_s": busy / 1e6,
+               "first_s": (iv[0][0] - t0) / 1e6, "idle_after_s": (t1 - iv[-1][1]) / 1e6,
+               "gaps_s": (iv[-1][1] - iv[0][0] - busy) / 1e6}
+        if s["bytes"]:
+            row["gb"] = s["bytes"] / 1e9
+            row["gbps_while_busy"] = s["bytes"] / (busy / 1e6) / 1e9 if busy else None
+        out[f"stream {sid}"] = row
+    return out
+
+
+def main() -> int:
+    if not torch.cuda.is_available():
+        print("bench/gemm_probe.py needs a CUDA GPU", file=sys.stderr)
+        return 2
+    doc = common.header("gemm-probe")
+    bufs = [torch.empty(N * N) for _ in range(3)]
+    for b in bufs:
+        fill_(b)
+    bufs = [pin_(b) for b in bufs]         # pinned once, as in bench/gemm.py
+    for compute, n, tiles in CASES:
+        A, B, C = (b[:n * n].view(n, n) for b in bufs)
+        flops = 2.0 * n ** 3
+        for tile in tiles:
+            st = []
+            runs = timed(lambda: st.append(matmul(A, B, C, compute=compute, tile=tile,
+                                                  return_stats=True)[1]))
+            t = statistics.median(runs)
+            doc["runs"].append({"case": f"{compute}-{n}", "tile": tile or "auto",
+                                "plan": st[-1].plan, "wall_s": t, "runs_s": runs,
+                                "tflops": flops / t / 1e12})
+            print(f"{compute}-{n} {tile or 'auto'}: {t * 1e3:.0f} ms  {flops / t / 1e12:.1f} "
+                  f"TFLOP/s  [{st[-1].plan}]", flush=True)
+        from torch.profiler import ProfilerActivity, profile
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            matmul(A, B, C, compute=compute)
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "trace.json")
+            prof.export_chrome_trace(path)
+            tl = streams(path)
+        doc["runs"].append({"case": f"{compute}-{n}", "tile": "auto", "timeline": tl})
+        print(json.dumps(tl, indent=1, default=str), flush=True)
+        common.write(doc, f"gemm-probe-{common.machine_name()}")
+    print(common.table([r for r in doc["runs"] if "tflops" in r],
+                       ["case", "tile", "tflops", "wall_s", "plan"]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
