@@ -515,7 +515,7 @@ def run_quality(res, S, dev, work, deadline, pbg_version, fused_ok=False):
                 "peak_gpu_gb": row["peak_gpu_gb"]}
     q = case(res, "outcore", "quality", quality_outcore, deadline, 20)
     if fused_ok:
-        for name in ("batch16", "light"):
+        for name in ("light", "batch16"):    # batch16 last: see run_throughput
             def quality_fused(name=name):
                 cfg = dict(FUSED[name], lr=0.1, loss="softmax", score="dot", neg_power=0.0)
                 row, tr = train_measure(tr_s, tr_d, n, [dev], S["q_epochs"],
@@ -652,8 +652,10 @@ def run_throughput(res, S, devs1, gpus, cuda, deadline, fused_ok=True):
     case(res, "outcore", "oversized-table", oversized, deadline, 40)
     if fused_ok:
         case(res, "outcore", "throughput-1gpu-fused", one_fused(), deadline, 30)
-        case(res, "outcore", "throughput-1gpu-fused-batch16", one_fused("batch16"), deadline, 30)
         case(res, "outcore", "throughput-1gpu-fused-light", one_fused("light"), deadline, 30)
+        # last: on the H200 its quality run hit an illegal memory access (not understood
+        # yet), which ends every CUDA call of this process after it
+        case(res, "outcore", "throughput-1gpu-fused-batch16", one_fused("batch16"), deadline, 30)
 
 
 def run_biggest(res, S, dev, work, deadline, cuda):

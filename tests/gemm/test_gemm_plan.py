@@ -10,6 +10,7 @@ from gemm_testlib import check_close
 from outcore.errors import OutcoreError
 from outcore.gemm.hostmat import HostMatrix
 from outcore.gemm.matmul import execute, matmul
+from outcore.gemm.model import row_factor
 from outcore.gemm.plan import Rates, estimate_seconds, make_plan
 from outcore.gemm.stats import DeviceStats, GemmStats
 from outcore.gemm.worker import GemmJob
@@ -49,14 +50,33 @@ def test_prologue_only_where_link_and_compute_balance():
     assert tf32.prologue > 0 and tf32.first_task == tf32.mt * tf32.nt
     assert fp32.prologue == 0 and fp32.first_task == 1
     # the model: tf32 with the prologue beats tile-major, and is within 25% of the bound
+    # at the rate its 2-D copies of 32 KiB rows reach
     r = Rates()
-    bound = max(2 * 32768**3 / r.flops["tf32"], 2 * 32768**2 * 4 / r.h2d)
+    bound = max(2 * 32768**3 / r.flops["tf32"], 2 * 32768**2 * 4 / (r.h2d * row_factor(32768)))
     assert estimate_seconds(tf32, r) < estimate_seconds(replace(tf32, prologue=0), r)
     assert estimate_seconds(tf32, r) < 1.25 * bound
     # several devices, or a CPU: never; several devices get smaller tiles (short last ones)
     two = make_plan(32768, 32768, 32768, compute="tf32", n_devices=2, **kw)
     assert two.prologue == 0 and two.tile_m == 2048 and len(two.tiles()) == 256
     assert make_plan(32768, 32768, 32768, compute="tf32", device_type="cpu", **kw).prologue == 0
+
+
+def test_narrow_copy_rows_are_slow_in_the_model_and_widen_the_tiles():
+    assert row_factor(8 << 10) < row_factor(16 << 10) < row_factor(32 << 10) < 1.0
+    assert row_factor(4 << 10) == row_factor(8 << 10) / 2 and row_factor(100, True) == 1.0
+    kw = dict(host_dtype=F32, budget=120 << 30)
+    # tf32 and bf16 at 32768 are link-bound: 8192-wide tiles and 8192-deep pieces (32 KiB
+    # rows for A's and B's copies) beat 4096 (bench/results/gemm-probe-h200.json)
+    for compute in ("tf32", "bf16"):
+        p = make_plan(32768, 32768, 32768, compute=compute, **kw)
+        assert (p.tile_m, p.tile_n, p.piece_k) == (8192, 8192, 8192), p.describe()
+    # op(A) stored transposed: A's rows are a tile wide whatever the piece depth
+    narrow = make_plan(32768, 32768, 32768, compute="bf16", layout=(True, False), **kw)
+    assert narrow.tile_m == 8192
+    # fp32 is compute-bound: the first pieces should come quickly, tiles stay 4096
+    assert make_plan(16384, 16384, 16384, compute="fp32", **kw).tile_m == 4096
+    # several devices keep their smaller tiles
+    assert make_plan(32768, 32768, 32768, compute="bf16", n_devices=2, **kw).tile_m == 2048
 
 
 def test_budget_too_small_for_one_tile():

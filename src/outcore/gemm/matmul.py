@@ -123,12 +123,13 @@ def matmul(A, B, out=None, *, transa: bool = False, transb: bool = False, alpha:
         # column-major out: compute out.T = op(B).T @ op(A).T into its row-major storage
         A, B, transa, transb, m, n = B, A, not transb, not transa, n, m
     ha, hb = HostMatrix(A, "A"), HostMatrix(B, "B")
+    ta, tb = transa ^ ha.flipped, transb ^ hb.flipped
     plan = make_plan(m, n, k, host_dtype=dtype, compute=compute, budget=budget, tile=tile,
                      n_devices=len(devs),
-                     device_type="cuda" if any(d.type == "cuda" for d in devs) else "cpu")
+                     device_type="cuda" if any(d.type == "cuda" for d in devs) else "cpu",
+                     layout=(ta, tb))
     stats.plan = plan.describe()
-    job = GemmJob(plan, ha, hb, hc, ta=transa ^ ha.flipped, tb=transb ^ hb.flipped,
-                  alpha=alpha, beta=beta)
+    job = GemmJob(plan, ha, hb, hc, ta=ta, tb=tb, alpha=alpha, beta=beta)
     execute(job, devs, stats, progress)
     if isinstance(out, np.memmap):
         out.flush()

@@ -5,7 +5,8 @@ are first needed, a GEMM starts when its pieces have landed, a tile's copy-out s
 its last GEMM is done. The host enqueues tile i's loads only once tile i - depth has
 computed (the worker's flow control). It ignores cache eviction (it is only asked when everything fits)
 and per-call overheads; its rates only steer the schedule, a wrong guess costs speed,
-never correctness.
+never correctness. A piece that is not contiguous in host memory is a 2-D copy of rows,
+and narrow rows cross PCIe well below the contiguous rate (`ROW_FACTOR`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,26 @@ import torch
 
 from .schedule import LONE_DEPTH
 from .tiles import spans
+
+
+# 2-D host-to-device copies: row bytes -> fraction of the contiguous rate, while the d2h
+# link is busy too (the case of a GEMM). Fitted to bench/results/gemm-probe-h200.json
+# (tf32/bf16 at 32768: 8 and 16 KiB rows ran at ~32 GB/s per direction; 32 KiB rows
+# ~40 GB/s); wider rows (not measured) are assumed to gain slowly.
+ROW_FACTOR = ((8 << 10, 0.55), (16 << 10, 0.6), (32 << 10, 0.75), (64 << 10, 0.8),
+              (128 << 10, 0.9), (1 << 20, 1.0))
+
+
+def row_factor(row_bytes: int, contiguous: bool = False) -> float:
+    """Fraction of the contiguous h2d rate a copy of rows of `row_bytes` reaches."""
+    if contiguous or row_bytes >= ROW_FACTOR[-1][0]:
+        return 1.0
+    if row_bytes <= ROW_FACTOR[0][0]:
+        return ROW_FACTOR[0][1] * row_bytes / ROW_FACTOR[0][0]
+    for (b0, f0), (b1, f1) in zip(ROW_FACTOR, ROW_FACTOR[1:]):
+        if row_bytes <= b1:
+            return f0 + (f1 - f0) * (row_bytes - b0) / (b1 - b0)
+    return 1.0
 
 
 @dataclass(frozen=True)
@@ -33,9 +54,11 @@ def _size(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
 
 
-def estimate_seconds(plan: GemmPlan, rates: Rates, depth: int = LONE_DEPTH) -> float:
+def estimate_seconds(plan: GemmPlan, rates: Rates, depth: int = LONE_DEPTH,
+                     layout: tuple[bool, bool] = (False, False)) -> float:
     """Seconds one device takes for `plan` under `rates`, at most `depth` tiles queued
-    (see the module docstring)."""
+    (see the module docstring). layout: whether A and B are stored transposed (op(A) = A.T),
+    which sets the row width of each piece's copy."""
     hb = _size(plan.host_dtype)
     rate = rates.flops[plan.compute]
     kspans = spans(plan.k, plan.tile_k)
@@ -43,12 +66,20 @@ def estimate_seconds(plan: GemmPlan, rates: Rates, depth: int = LONE_DEPTH) -> f
     avail: dict = {}
     link = comp = d2h = issue = 0.0
 
-    def need(key, nbytes):
+    def need(key, nbytes, factor):
         nonlocal link
         if key not in avail:
-            link = max(link, issue) + nbytes / rates.h2d
+            link = max(link, issue) + nbytes / (rates.h2d * factor)
             avail[key] = link
         return avail[key]
+
+    ta, tb = layout
+
+    def factors(t, kk):
+        """Row-width factors of A's and B's piece of tile t, kk deep."""
+        fa = row_factor(t.rows * hb, t.rows == plan.m) if ta else row_factor(kk * hb, kk == plan.k)
+        fb = row_factor(kk * hb, kk == plan.k) if tb else row_factor(t.cols * hb, t.cols == plan.n)
+        return fa, fb
 
     def gemm(t, kb, q0, q1, ready):
         nonlocal comp
@@ -64,7 +95,8 @@ def estimate_seconds(plan: GemmPlan, rates: Rates, depth: int = LONE_DEPTH) -> f
             ka, kb_ = ("A", t.i, kb, p), ("B", t.j, kb, p)
             fresh = ka not in avail or kb_ not in avail
             kk = pspans[kb][p][1] - pspans[kb][p][0]
-            ready = max(need(ka, t.rows * kk * hb), need(kb_, t.cols * kk * hb))
+            fa, fb = factors(t, kk)
+            ready = max(need(ka, t.rows * kk * hb, fa), need(kb_, t.cols * kk * hb, fb))
             if fresh:
                 if seg is not None:
                     gemm(t, kb, seg, p, seg_ready)

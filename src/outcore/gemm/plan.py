@@ -191,9 +191,10 @@ def _fit(tm, tn, k, tk_req, pk_req, host_dtype, compute, budget):
 
 def make_plan(m: int, n: int, k: int, *, host_dtype: torch.dtype, compute: str, budget: int,
               tile=None, n_devices: int = 1, device_type: str = "cuda",
-              rates: Rates | None = None) -> GemmPlan:
+              rates: Rates | None = None, layout: tuple[bool, bool] = (False, False)) -> GemmPlan:
     """Choose tiles, cache size and order so that one device's buffers fit `budget` bytes.
 
+    layout: whether A and B are stored transposed (it sets the row width of the copies).
     Raises OutcoreError when the budget is too small for one tile's working set.
     """
     tm_req, tn_req, tk_req, pk_req = _tile_arg(tile)
@@ -232,8 +233,12 @@ def make_plan(m: int, n: int, k: int, *, host_dtype: torch.dtype, compute: str, 
     plan = GemmPlan(m, n, k, tm, tn, tk, pk, compute, host_dtype, n_slots=int(n_slots), n_acc=2,
                     budget=budget)
     if n_slots >= total_blocks:
-        return _maybe_prologue(plan, n_devices, device_type, rates or Rates(),
-                               piece_fixed=pk_req is not None)
+        rates = rates or Rates()
+        best = _maybe_prologue(plan, n_devices, device_type, rates,
+                               piece_fixed=pk_req is not None, layout=layout)
+        if tm_req is None and n_devices == 1 and device_type == "cuda":
+            best = _wider(best, rates, layout)
+        return best
     # Cache-limited: keep a band of panels of one operand resident, stream the other.
     g = max(1, n_slots // nk - 2)
     rows_traffic = m * k + k * n * cdiv(mt, min(g, mt))
@@ -243,21 +248,47 @@ def make_plan(m: int, n: int, k: int, *, host_dtype: torch.dtype, compute: str, 
     return _replace(plan, order="cols", band=min(g, nt))
 
 
+def _wider(plan: GemmPlan, rates: Rates, layout: tuple[bool, bool]) -> GemmPlan:
+    """One device holding everything: tiles twice as wide when the model says so. Wider
+    tiles make wider copy rows (a B piece's rows are a tile wide), which 2-D copies need
+    to reach the link's rate; the price is a longer wait for the first pieces."""
+    if plan.est_seconds is None:
+        return plan
+    m, n, k = plan.m, plan.n, plan.k
+    tm, tn = min(2 * plan.tile_m, m), min(2 * plan.tile_n, n)
+    if (tm, tn) == (plan.tile_m, plan.tile_n):
+        return plan
+    f = _fit(tm, tn, k, None, None, plan.host_dtype, plan.compute, plan.budget)
+    if f is None or f[0] < k:
+        return plan
+    cb = _size(COMPUTE[plan.compute][0])
+    blocks = cdiv(m, tm) + cdiv(n, tn)
+    if f[2] // (max(tm, tn) * k * cb) < blocks:
+        return plan
+    wide = GemmPlan(m, n, k, tm, tn, k, f[1], plan.compute, plan.host_dtype, n_slots=blocks,
+                    n_acc=2, budget=plan.budget)
+    wide = _maybe_prologue(wide, 1, "cuda", rates, layout=layout)
+    if wide.est_seconds is not None and wide.est_seconds < 0.98 * plan.est_seconds:
+        return wide
+    return plan
+
+
 def _replace(plan: GemmPlan, **kw) -> GemmPlan:
     return replace(plan, **kw)
 
 
 def _maybe_prologue(plan: GemmPlan, n_devices: int, device_type: str, rates: Rates,
-                    piece_fixed: bool = False) -> GemmPlan:
-    """One device holding everything: let the model pick the copy piece size (32..128 MiB:
+                    piece_fixed: bool = False,
+                    layout: tuple[bool, bool] = (False, False)) -> GemmPlan:
+    """One device holding everything: let the model pick the copy piece size (32..256 MiB:
     bigger pieces, fewer and larger GEMMs; kept when the caller forced it with `tile`) and
     whether to stream the first pieces of K over all tiles first (good when link and
     compute are nearly balanced, e.g. tf32; the accumulators of every tile must fit as
     well)."""
     if n_devices != 1 or device_type != "cuda" or plan.nk != 1:
         return plan
-    best, best_t = plan, estimate_seconds(plan, rates)
-    factors = (1,) if piece_fixed else (1, 2, 4)
+    best, best_t = plan, estimate_seconds(plan, rates, layout=layout)
+    factors = (1,) if piece_fixed else (1, 2, 4, 8)
     for pk in sorted({min(f * plan.piece_k, plan.tile_k) for f in factors}):
         q = cdiv(plan.tile_k, pk)
         for p in sorted({0, q // 4, q // 2}):
@@ -265,7 +296,7 @@ def _maybe_prologue(plan: GemmPlan, n_devices: int, device_type: str, rates: Rat
                             n_acc=max(2, plan.mt * plan.nt) if p else 2)
             if (p and q < 4) or cand.device_bytes() > plan.budget or cand == plan:
                 continue
-            t = estimate_seconds(cand, rates)
+            t = estimate_seconds(cand, rates, layout=layout)
             if t < 0.98 * best_t:
                 best, best_t = cand, t
     return _replace(best, est_seconds=best_t)
