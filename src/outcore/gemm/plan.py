@@ -37,6 +37,8 @@ DEFAULT_COMPUTE = {torch.float64: "fp64", torch.float32: "fp32", torch.bfloat16:
 PIECE_BYTES = 32 << 20      # one copy (and event) per 32 MiB: compute starts early enough
 MIN_TILE = {"cuda": 64, "cpu": 4}
 DEFAULT_TILE = {"cuda": 4096, "cpu": 256}
+MIN_WIDE_TILES = 16         # C tiles a product needs before a lone device widens its tiles
+MIN_PIECES = 4              # K pieces a tile keeps at least when the planner deepens them
 
 
 @dataclass(frozen=True)
@@ -256,8 +258,8 @@ def _wider(plan: GemmPlan, rates: Rates, layout: tuple[bool, bool]) -> GemmPlan:
         return plan
     m, n, k = plan.m, plan.n, plan.k
     tm, tn = min(2 * plan.tile_m, m), min(2 * plan.tile_n, n)
-    if (tm, tn) == (plan.tile_m, plan.tile_n):
-        return plan
+    if (tm, tn) == (plan.tile_m, plan.tile_n) or cdiv(m, tm) * cdiv(n, tn) < MIN_WIDE_TILES:
+        return plan     # few tiles: copies and compute barely overlap (measured slower)
     f = _fit(tm, tn, k, None, None, plan.host_dtype, plan.compute, plan.budget)
     if f is None or f[0] < k:
         return plan
@@ -289,7 +291,10 @@ def _maybe_prologue(plan: GemmPlan, n_devices: int, device_type: str, rates: Rat
         return plan
     best, best_t = plan, estimate_seconds(plan, rates, layout=layout)
     factors = (1,) if piece_fixed else (1, 2, 4, 8)
-    for pk in sorted({min(f * plan.piece_k, plan.tile_k) for f in factors}):
+    # at least MIN_PIECES pieces a tile (unless forced): a whole-K piece leaves nothing to
+    # overlap a tile's first GEMM with (the training shapes ran slower that way)
+    deepest = plan.tile_k if piece_fixed else max(plan.piece_k, plan.tile_k // MIN_PIECES)
+    for pk in sorted({min(f * plan.piece_k, deepest) for f in factors}):
         q = cdiv(plan.tile_k, pk)
         for p in sorted({0, q // 4, q // 2}):
             cand = _replace(plan, piece_k=pk, prologue=p,
