@@ -144,3 +144,8 @@ def test_fused_refuses_what_it_does_not_implement():
         EmbedConfig(kernel="fused", loss="logistic").validate()
     with pytest.raises(OutcoreError, match="power of two"):
         EmbedConfig(kernel="fused", dim=24).validate()
+    with pytest.raises(OutcoreError, match="num_negatives must be >= chunk_size"):
+        EmbedConfig(kernel="fused", chunk_size=64, num_negatives=16).validate()
+    # the configurations measured on the GPU pass
+    EmbedConfig(kernel="fused", chunk_size=64, num_negatives=64).validate()
+    EmbedConfig(kernel="fused", chunk_size=64, num_negatives=16, batch_negatives=False).validate()

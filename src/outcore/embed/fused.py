@@ -42,6 +42,11 @@ def check_fused(cfg: EmbedConfig) -> None:
         why = "chunk_size must be a power of two >= 16"
     elif cfg.num_negatives < 16 or cfg.num_negatives & (cfg.num_negatives - 1):
         why = "num_negatives must be a power of two >= 16"
+    elif cfg.batch_negatives and cfg.num_negatives < cfg.chunk_size:
+        # chunk 64 with 16 sampled and batch negatives hit an illegal memory access on an
+        # H200 (bench/results/embed-h200-crashed.json; the interpreter runs it correctly)
+        why = ("with batch negatives num_negatives must be >= chunk_size (a smaller one "
+               "failed on the GPU); raise num_negatives or set batch_negatives=False")
     if why:
         raise OutcoreError(f"kernel='fused' cannot run this configuration: {why}; use "
                            "kernel='torch'")

@@ -296,12 +296,15 @@ def _maybe_prologue(plan: GemmPlan, n_devices: int, device_type: str, rates: Rat
     deepest = plan.tile_k if piece_fixed else max(plan.piece_k, plan.tile_k // MIN_PIECES)
     for pk in sorted({min(f * plan.piece_k, deepest) for f in factors}):
         q = cdiv(plan.tile_k, pk)
-        for p in sorted({0, q // 4, q // 2}):
+        # fp32/fp64 are compute-bound on the H200: a prologue never measured faster there
+        pro = (0, q // 4, q // 2) if plan.compute in ("tf32", "bf16") else (0,)
+        for p in sorted(set(pro)):
             cand = _replace(plan, piece_k=pk, prologue=p,
                             n_acc=max(2, plan.mt * plan.nt) if p else 2)
             if (p and q < 4) or cand.device_bytes() > plan.budget or cand == plan:
                 continue
             t = estimate_seconds(cand, rates, layout=layout)
-            if t < 0.98 * best_t:
+            # a prologue must win clearly (its accumulators stay live for every tile)
+            if t < (0.95 if p else 0.98) * best_t:
                 best, best_t = cand, t
     return _replace(best, est_seconds=best_t)
