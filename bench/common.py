@@ -73,6 +73,61 @@ def table(rows: list[dict], cols: list[str]) -> str:
     return "\n".join(lines)
 
 
+# ---- a profiler trace, reduced per CUDA stream -----------------------------------------
+def trace_streams(trace_path: str, top_gaps: int = 8) -> dict:
+    """Per-stream busy time, span and copy rate from a chrome trace (torch.profiler's
+    export_chrome_trace), and the `top_gaps` longest idle gaps of the stream that ran the
+    most kernel time: where they start (s from the trace's first device op) and which
+    kernels they sit between."""
+    with open(trace_path) as f:
+        ev = json.load(f)["traceEvents"]
+    per: dict = {}
+    for e in ev:
+        if e.get("ph") != "X" or e.get("cat") not in ("kernel", "gpu_memcpy", "gpu_memset"):
+            continue
+        args = e.get("args", {})
+        s = per.setdefault(str(args.get("stream")), {"iv": [], "bytes": 0, "kinds": set()})
+        s["iv"].append((e["ts"], e["ts"] + e["dur"], e.get("name", "")[:60]))
+        s["kinds"].add(e["cat"])
+        s["bytes"] += int(args.get("bytes", 0) or 0)
+    if not per:
+        return {}
+    t0 = min(a for s in per.values() for a, _, _ in s["iv"])
+    t1 = max(b for s in per.values() for _, b, _ in s["iv"])
+    out: dict = {"span_s": (t1 - t0) / 1e6}
+    busiest, most = None, -1.0
+    for sid, s in per.items():
+        iv = sorted(s["iv"])
+        busy = sum(b - a for a, b, _ in iv)
+        row = {"kinds": sorted(s["kinds"]), "ops": len(iv), "busy_s": busy / 1e6,
+               "first_s": (iv[0][0] - t0) / 1e6, "idle_after_s": (t1 - iv[-1][1]) / 1e6,
+               "gaps_s": (iv[-1][1] - iv[0][0] - busy) / 1e6}
+        if s["bytes"]:
+            row["gb"] = s["bytes"] / 1e9
+            row["gbps_while_busy"] = s["bytes"] / (busy / 1e6) / 1e9 if busy else None
+        out[f"stream {sid}"] = row
+        if "kernel" in s["kinds"] and busy > most:
+            busiest, most = iv, busy
+    if busiest:
+        gaps = sorted(((b[0] - a[1], a, b) for a, b in zip(busiest, busiest[1:])),
+                      reverse=True)[:top_gaps]
+        host = [(e["ts"], e["ts"] + e["dur"], e.get("cat"), e.get("name", "")[:60]) for e in ev
+                if e.get("ph") == "X" and e.get("cat") in ("user_annotation", "cuda_runtime")]
+        out["longest_gaps"] = [{"gap_ms": g / 1e3, "at_s": (a[1] - t0) / 1e6,
+                                "after": a[2], "before": b[2], "host": _host_during(host, a[1], b[0])}
+                               for g, a, b in gaps if g > 0]
+    return out
+
+
+def _host_during(host: list, t0: float, t1: float) -> list[str]:
+    """What the host was in while the device idled from t0 to t1: the annotations (engine
+    phases) open at t0, and runtime calls longer than 0.2 ms overlapping the gap."""
+    names = [f"{n}" for a, b, c, n in host if c == "user_annotation" and a <= t0 < b]
+    names += [f"{n} {(min(b, t1) - max(a, t0)) / 1e3:.1f} ms" for a, b, c, n in host
+              if c == "cuda_runtime" and b - a > 200 and a < t1 and b > t0]
+    return names[:8]
+
+
 # ---- a co-running process that takes part of one GPU (never GPU settings) -------------
 HOG = r"""
 import select, sys, torch

@@ -404,7 +404,6 @@ def main() -> int:
     if n_gpu == 0 and not args.smoke:
         print("bench/gemm.py: no CUDA GPU here; use --smoke for the CPU check", file=sys.stderr)
         return 2
-    multi = n_gpu >= 2 or args.smoke
     devices = [torch.device("cpu")] * 2 if args.smoke else [torch.device("cuda", i)
                                                             for i in range(min(n_gpu, 2))]
     env = Env(args.smoke, args.runs, t_start + args.budget_s, devices)

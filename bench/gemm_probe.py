@@ -47,37 +47,6 @@ def timed(fn, runs=3) -> list[float]:
     return out
 
 
-def streams(trace_path: str) -> dict:
-    """Per-stream busy time, span and copy rate from a chrome trace of one product."""
-    with open(trace_path) as f:
-        ev = json.load(f)["traceEvents"]
-    per: dict = {}
-    for e in ev:
-        if e.get("ph") != "X" or e.get("cat") not in ("kernel", "gpu_memcpy", "gpu_memset"):
-            continue
-        s = per.setdefault(str(e.get("args", {}).get("stream")), {"iv": [], "bytes": 0,
-                                                                 "kinds": set()})
-        s["iv"].append((e["ts"], e["ts"] + e["dur"]))
-        s["kinds"].add(e["cat"])
-        s["bytes"] += int(e.get("args", {}).get("bytes", 0) or 0)
-    if not per:
-        return {}
-    t0 = min(a for s in per.values() for a, _ in s["iv"])
-    t1 = max(b for s in per.values() for _, b in s["iv"])
-    out = {"span_s": (t1 - t0) / 1e6}
-    for sid, s in per.items():
-        iv = sorted(s["iv"])
-        busy = sum(b - a for a, b in iv)
-        row = {"kinds": sorted(s["kinds"]), "ops": len(iv), "busy_s": busy / 1e6,
-               "first_s": (iv[0][0] - t0) / 1e6, "idle_after_s": (t1 - iv[-1][1]) / 1e6,
-               "gaps_s": (iv[-1][1] - iv[0][0] - busy) / 1e6}
-        if s["bytes"]:
-            row["gb"] = s["bytes"] / 1e9
-            row["gbps_while_busy"] = s["bytes"] / (busy / 1e6) / 1e9 if busy else None
-        out[f"stream {sid}"] = row
-    return out
-
-
 def main() -> int:
     if not torch.cuda.is_available():
         print("bench/gemm_probe.py needs a CUDA GPU", file=sys.stderr)
@@ -106,7 +75,7 @@ def main() -> int:
         with tempfile.TemporaryDirectory() as d:
             path = os.path.join(d, "trace.json")
             prof.export_chrome_trace(path)
-            tl = streams(path)
+            tl = common.trace_streams(path)
         doc["runs"].append({"case": f"{compute}-{n}", "tile": "auto", "timeline": tl})
         print(json.dumps(tl, indent=1, default=str), flush=True)
         common.write(doc, f"gemm-probe-{common.machine_name()}")

@@ -17,6 +17,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 
 import torch
@@ -120,10 +121,16 @@ def _profile(step, name: str, n: int) -> None:
     events = prof.key_averages()
     busy = sum(e.self_device_time_total for e in events) / 1e6  # microseconds -> s
     table = events.table(sort_by="self_device_time_total", row_limit=30)
+    with tempfile.TemporaryDirectory() as d:
+        trace = os.path.join(d, "trace.json")
+        prof.export_chrome_trace(trace)
+        streams = common.trace_streams(trace, top_gaps=12)
     common.RESULTS.mkdir(parents=True, exist_ok=True)
     path = common.RESULTS / f"stream-profile-{name}.txt"
     path.write_text(f"{n} steps, wall {wall:.3f} s, device kernels {busy:.3f} s "
-                    f"(sum over streams; copies included)\n\n{table}\n")
+                    f"(sum over streams; copies included)\n\n{table}\n\nper stream, and "
+                    f"the longest gaps of the busiest one:\n"
+                    f"{json.dumps(streams, indent=1, default=str)}\n")
     print(f"  profile: {path.name}: wall {wall:.3f} s, device {busy:.3f} s", flush=True)
 
 

@@ -193,7 +193,8 @@ class Engine(StepFlow):
         finally:
             self.runner.uninstall(originals)
             self.in_train_step = False
-        self._finish_step(t0)
+        with torch.profiler.record_function("outcore.finish_step"):
+            self._finish_step(t0)
         loss_value = loss.item()  # host sync: the step's loss, once per step
         self._record(t0, loss_value)
         return loss_value
