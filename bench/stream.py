@@ -57,6 +57,7 @@ def run_outcore(args) -> dict:
                          device="cuda", micro_batch_size=args.micro or None,
                          max_grad_norm=args.clip, held_gpu_updates=_held(args),
                          gpu_memory=args.gpu_memory, verbose=True)
+    eng.runner.tail.enabled = not args.full_recompute
     b = batch(model.cfg.vocab, args.tokens, args.seq)
     times, split, losses = [], [], []
     for i in range(args.warmup + args.steps):
@@ -88,6 +89,7 @@ def run_outcore(args) -> dict:
             "host_bytes_per_param": eng.host_bytes_per_param(),
             "device_updated_groups": sorted(eng.updater.groups),
             "alloc_retries": eng.stats.alloc_retries,
+            "recompute_skips_tail_of_blocks": len(eng.runner.tail.skipping()),
             "checkpoint_bytes_offloaded": eng.stash.bytes_offloaded,
             "device_updated_params": sum(eng.groups[g].numel for g in eng.updater.groups),
             "clip": args.clip, "held_gpu_updates": args.held_gpu_updates,
@@ -306,6 +308,8 @@ def main() -> None:
                     "(outcore then holds its updates until the norm is known)")
     ap.add_argument("--held-gpu-updates", default="0", help="outcore's held_gpu_updates: 0, "
                     "auto or a number of blocks (needs --clip)")
+    ap.add_argument("--full-recompute", action="store_true", help="outcore recomputes each "
+                    "block's last projection too (A/B of stream/tail.py)")
     ap.add_argument("--profile", action="store_true", help="also profile two steps of "
                     "outcore and pytorch per case (results/stream-profile-*.txt)")
     # worker-only
@@ -331,8 +335,10 @@ def main() -> None:
     extra = ["--steps", str(args.steps), "--warmup", str(args.warmup),
              "--gpu-memory", args.gpu_memory, "--held-gpu-updates", args.held_gpu_updates] \
         + (["--profile"] if args.profile else []) + (["--clip", str(args.clip)] if args.clip
-                                                     else [])
+                                                     else []) \
+        + (["--full-recompute"] if args.full_recompute else [])
     doc["clip"], doc["held_gpu_updates"] = args.clip, args.held_gpu_updates
+    doc["full_recompute"] = args.full_recompute
     if not args.skip_tests:
         doc["gpu_tests"] = gpu_tests()
         common.write(doc, args.out or f"stream-{common.machine_name()}")

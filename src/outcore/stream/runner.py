@@ -3,8 +3,9 @@
 `BlockFn` is the autograd node of a whole block over the whole batch (batch-major order:
 all micro-batches pass through block g before block g+1 is touched). Forward runs without
 a graph and keeps only the block's input (the checkpoint); backward loads the weights
-again, recomputes each micro-batch with a graph, and accumulates fp32 parameter
-gradients on the device before handing them to the engine once.
+again, recomputes each micro-batch with a graph (less the block's last projection, whose
+output the backward does not read: tail.py), and accumulates fp32 parameter gradients on
+the device before handing them to the engine once.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import torch
 from torch.func import functional_call
 
 from .split import first_tensor, n_micro, split_like
+from .tail import TailSkip
 
 
 class BlockFn(torch.autograd.Function):
@@ -48,6 +50,7 @@ class BlockRunner:
 
     def __init__(self, engine):
         self.e = engine
+        self.tail = TailSkip()   # the recompute skips each block's last projection
         self.tuple_len: dict[int, int | None] = {}
         self.inside = -1  # the block whose real forward is running (see install)
 
@@ -168,9 +171,12 @@ class BlockRunner:
             leaves = {k: v.detach().requires_grad_(True)
                       for k, v in e.block_params(g, w).items()}
             h = hs[i].detach().requires_grad_(input_grad)
-            e.rng_restore(rng[i])
-            with torch.enable_grad(), self._autocast(autocast):
-                out = self._call(g, leaves, h, xs[i])
+
+            def run(i=i, leaves=leaves, h=h):
+                e.rng_restore(rng[i])
+                with torch.enable_grad(), self._autocast(autocast):
+                    return self._call(g, leaves, h, xs[i])
+            out = self.tail.recompute(g, e.groups[g].module, run)
             wrt = list(leaves.values()) + ([h] if input_grad else [])
             grads = torch.autograd.grad(out, wrt, gs[i], allow_unused=True)
             for d, gp in zip(dst, grads[:len(dst)]):
