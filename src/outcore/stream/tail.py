@@ -9,7 +9,7 @@ an H200, from the profiles in bench/results/stream-profile-*).
 
 `TailSkip` finds that Linear on a block's first backward: the Linear called last, once,
 with no tensor saved for backward after it. From then on that Linear returns an
-uninitialised tensor whose backward is the Linear's backward. Every skipping pass checks
+zero tensor whose backward is the Linear's backward. Every skipping pass checks
 that it is still the last Linear, called once; when not (control flow that depends on
 values), the pass is recomputed without skipping and the block never skips again. Only
 the first pass watches saved tensors (a saved_tensors_hooks context, which shadows any
@@ -25,14 +25,15 @@ from torch import nn
 
 
 class _SkipLinear(torch.autograd.Function):
-    """x: (..., in), w: (out, in), b: (out,) | None -> an uninitialised (..., out); the
-    backward is y = x w^T + b's."""
+    """x: (..., in), w: (out, in), b: (out,) | None -> zeros (..., out) (a memset, not a
+    matmul: finite and deterministic should a hook look at it); the backward is
+    y = x w^T + b's."""
 
     @staticmethod
     def forward(ctx, x, w, b):
         ctx.save_for_backward(x, w)
         ctx.has_bias = b is not None
-        return x.new_empty(*x.shape[:-1], w.shape[0])
+        return x.new_zeros(*x.shape[:-1], w.shape[0])
 
     @staticmethod
     def backward(ctx, g):
@@ -149,7 +150,7 @@ class TailSkip:
             return out
         if found is lin:
             return out
-        # the skipped Linear was not the tail this time: its empty output may have been
+        # the skipped Linear was not the tail this time: its zero output may have been
         # read, so this pass is recomputed whole and the block stops skipping
         self.state[g] = False
         return run()
