@@ -30,9 +30,14 @@ from outcore.gemm.matmul import matmul  # noqa: E402
 from outcore.memory import pin_  # noqa: E402
 
 N = 32768
+# row slabs (tile_n = N): B's pieces are whole rows of B, contiguous in host memory, so
+# only A's pieces are 2-D copies; the first tile loads all of B, the others only A
+SLABS = [(4096, N, N, 4096), (2048, N, N, 4096)]
 CASES = [  # (compute, size, tile variants; None = the planner's choice)
-    ("tf32", N, [None, (4096, 4096, N, 8192), (8192, 8192, N, 4096), (8192, 8192, N, 8192)]),
-    ("bf16", N, [None, (4096, 4096, N, 4096), (4096, 4096, N, 8192), (8192, 8192, N, 8192)]),
+    ("tf32", N, [None, (4096, 4096, N, 8192), (8192, 8192, N, 4096), (8192, 8192, N, 8192)]
+     + SLABS),
+    ("bf16", N, [None, (4096, 4096, N, 4096), (4096, 4096, N, 8192), (8192, 8192, N, 8192)]
+     + SLABS),
     ("fp32", 16384, [None, (4096, 4096, 16384, 4096), (4096, 4096, 16384, 8192)]),
 ]
 
