@@ -47,8 +47,10 @@ def header(benchmark: str) -> dict:
 
 
 def write(doc: dict, name: str) -> Path:
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / f"{name}.json"
+    """bench/results/NAME.json, or NAME itself when it is a path (a temporary name, then a
+    rename: a reader never sees half a file)."""
+    path = Path(name) if os.sep in name else RESULTS / f"{name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(doc, indent=1))
     os.replace(tmp, path)
@@ -114,7 +116,8 @@ def trace_streams(trace_path: str, top_gaps: int = 8) -> dict:
         host = [(e["ts"], e["ts"] + e["dur"], e.get("cat"), e.get("name", "")[:60]) for e in ev
                 if e.get("ph") == "X" and e.get("cat") in ("user_annotation", "cuda_runtime")]
         out["longest_gaps"] = [{"gap_ms": g / 1e3, "at_s": (a[1] - t0) / 1e6,
-                                "after": a[2], "before": b[2], "host": _host_during(host, a[1], b[0])}
+                                "after": a[2], "before": b[2],
+                                "host": _host_during(host, a[1], b[0])}
                                for g, a, b in gaps if g > 0]
     return out
 

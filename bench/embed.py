@@ -4,9 +4,10 @@
     cd <repo> && PYTHONPATH=src python3 bench/embed.py            # about 8 min on 1 H200
     cd <repo> && PYTHONPATH=src python3 bench/embed.py            # about 5 min on 2 H200s
     PYTHONPATH=src python3 bench/embed.py --smoke                 # every path on the CPU, ~1 min
+    PYTHONPATH=src python3 bench/embed.py --smoke --gpus 3        # 3 CPU ranks for the N-GPU rows
 
-Writes bench/results/embed-h200.json (one GPU) or embed-h200x2.json (two GPUs; the GPU
-count is detected). Cases, all on graphs from outcore.embed.generate (power-law degrees,
+Writes bench/results/embed-h200.json (one GPU) or embed-h200xN.json (N GPUs: every visible
+one, or --gpus N). Cases, all on graphs from outcore.embed.generate (power-law degrees,
 planted communities):
   read-tsv         edges/s reading a TSV edge list: outcore's reader on the whole quality
                    graph; PBG's importer (torchbiggraph_import_from_tsv's code) on a sample
@@ -23,7 +24,9 @@ planted communities):
                    the table Hogwild-style) with the default and with the light negatives
   quality-fused-light  the quality graph trained by the fused kernel with the light
                    negatives (what its speed costs in MRR)
-  throughput-2gpu  the same with one process per GPU (two-GPU machine), speedup vs 1 GPU
+  throughput-Ngpu  the same with one process per GPU (N-GPU machine), speedup vs 1 GPU; the
+                   graph has 2e8 edges per GPU (on more than two GPUs the 1-GPU rows time
+                   2 epochs, not 4)
   fits-table       edges/s when the table fits the --gpu-memory budget
   oversized-table  edges/s when the table is 4x that budget (partitions streamed)
   gpu-check        partitioned training on the device with swaps every unit, against plain
@@ -70,12 +73,14 @@ SITE = "/tmp/site"
 def sizes(smoke: bool, gpus: int) -> dict:
     if smoke:
         return dict(q_nodes=2000, q_edges=30000, q_test=1000, q_epochs=1, tp_nodes=4000,
-                    tp_edges=120000, tp_epochs=3, big_nodes=20000, big_edges=300000,
+                    tp_edges=120000, tp_epochs=3, tp_epochs_one=3, big_nodes=20000,
+                    big_edges=300000,
                     import_sample=2000, batch=8192, q_batch=4096, pbg_workers=2,
                     eval_negs=200)
     return dict(q_nodes=1_000_000, q_edges=20_100_000, q_test=100_000, q_epochs=2,
-                tp_nodes=4_000_000, tp_edges=200_000_000 * (2 if gpus > 1 else 1),
-                tp_epochs=4, big_nodes=100_000_000, big_edges=2_000_000_000,
+                tp_nodes=4_000_000, tp_edges=200_000_000 * max(1, gpus),
+                tp_epochs=4, tp_epochs_one=4 if gpus <= 2 else 2, big_nodes=100_000_000,
+                big_edges=2_000_000_000,
                 import_sample=100_000, batch=262144, q_batch=65536,
                 pbg_workers=os.cpu_count() or 16, eval_negs=1000)
 
@@ -320,7 +325,8 @@ def main() -> int:
                                  epilog="Duration: about 8 min on one H200, 5 min on two; "
                                  "--smoke about 1 min on a CPU.")
     ap.add_argument("--smoke", action="store_true", help="tiny sizes on the CPU, every path")
-    ap.add_argument("--gpus", type=int, help="GPUs to use (default: all visible, at most 2)")
+    ap.add_argument("--gpus", type=int, help="GPUs to use (default: every visible one; with "
+                    "--smoke, CPU ranks of the multi-device rows, default 2)")
     ap.add_argument("--budget-s", type=float, help="total time bound (default 470 s on one "
                     "GPU, 290 s on two, 300 s smoke)")
     ap.add_argument("--out", help="results file (default bench/results/embed-<machine>.json)")
@@ -351,8 +357,10 @@ def main() -> int:
             interp = True
         except ImportError:
             pass
-    gpus = 0 if not cuda else (args.gpus or min(2, torch.cuda.device_count()))
-    budget = args.budget_s or (300 if args.smoke else (470 if gpus <= 1 else 290))
+    gpus = 0 if not cuda else min(args.gpus or torch.cuda.device_count(),
+                                  torch.cuda.device_count())
+    budget = args.budget_s or (300 if args.smoke else (290 if gpus == 2 else 470))
+    multi_devs = [f"cuda:{i}" for i in range(gpus)] if cuda else ["cpu"] * max(2, args.gpus or 2)
     deadline = t_start + budget
     machine = "cpu-smoke" if not cuda else ("nvidia-h200" if gpus == 1 else f"nvidia-h200-x{gpus}")
     short = "cpu-smoke" if not cuda else ("h200" if gpus == 1 else f"h200x{gpus}")
@@ -383,27 +391,29 @@ def main() -> int:
     if pbg_version:
         res.note(f"torchbiggraph {pbg_version} on {os.cpu_count()} CPU cores")
 
-    two_gpu_run = gpus > 1
+    multi_gpu_run = gpus > 1
     # ---- correctness of the device path: swaps and streams against a dense replay ------
     if "check" in groups:
         case(res, "outcore", "gpu-check", lambda: run_check(dev), deadline, 20)
         if cuda or interp:
             case(res, "outcore", "gpu-check-fused", lambda: run_check_fused(dev), deadline, 20)
     # ---- quality graph, TSV reading, quality (one-GPU machine and smoke) -------------
-    if not two_gpu_run and "quality" in groups:
+    if not multi_gpu_run and "quality" in groups:
         run_quality(res, S, dev, work, deadline, pbg_version, fused_ok=cuda or interp)
     # ---- throughput -------------------------------------------------------------------
     if "throughput" in groups:
-        run_throughput(res, S, devs1, gpus, cuda, deadline, fused_ok=cuda or interp)
+        run_throughput(res, S, devs1, gpus, cuda, deadline, fused_ok=cuda or interp,
+                       multi_devs=multi_devs)
     # ---- biggest ----------------------------------------------------------------------
-    if not two_gpu_run and "biggest" in groups:
+    if not multi_gpu_run and "biggest" in groups:
         import gc
         gc.collect()
         if cuda:
             torch.cuda.empty_cache()     # the child needs the memory this process cached
         run_biggest(res, S, dev, work, deadline, cuda)
-    if two_gpu_run:
-        res.note("two-GPU run: quality, table-size and biggest cases run on the one-GPU machine")
+    if multi_gpu_run:
+        res.note("multi-GPU run: quality, table-size and biggest cases run on the one-GPU "
+                 "machine")
     shutil.rmtree(work, ignore_errors=True)
     res.doc["total_s"] = round(time.time() - t_start, 1)
     res.save()
@@ -570,7 +580,7 @@ def run_quality(res, S, dev, work, deadline, pbg_version, fused_ok=False):
                  "speedup_with_read_vs_train_only": p["wall_s"] / q["wall_with_read_s"]})
 
 
-def run_throughput(res, S, devs1, gpus, cuda, deadline, fused_ok=True):
+def run_throughput(res, S, devs1, gpus, cuda, deadline, fused_ok=True, multi_devs=()):
     n, m = S["tp_nodes"], S["tp_edges"]
     t = time.perf_counter()
     src, dst, _ = gen_edges(n, m, devs1[0], communities=max(4, n // 1000), seed=2)
@@ -579,7 +589,7 @@ def run_throughput(res, S, devs1, gpus, cuda, deadline, fused_ok=True):
     box = {}
 
     def one():
-        row, tr = train_measure(src, dst, n, devs1, S["tp_epochs"], **kw)
+        row, tr = train_measure(src, dst, n, devs1, S["tp_epochs_one"], **kw)
         box["one"] = row["edges_per_s"]
         box["table"] = tr.plan.table_bytes
         return row
@@ -597,7 +607,8 @@ def run_throughput(res, S, devs1, gpus, cuda, deadline, fused_ok=True):
         def run():
             # under Triton's CPU interpreter (smoke) a few thousand edges are plenty
             cut = None if cuda else 4096
-            row, _ = train_measure(src[:cut], dst[:cut], n, devs1, S["tp_epochs"] if cuda else 2,
+            row, _ = train_measure(src[:cut], dst[:cut], n, devs1,
+                                   S["tp_epochs_one"] if cuda else 2,
                                    **FUSED[name], **kw)
             box["one-fused" + ("" if name == "default" else f"-{name}")] = row["edges_per_s"]
             from outcore.embed.fused import low_precision_dots
@@ -620,7 +631,7 @@ def run_throughput(res, S, devs1, gpus, cuda, deadline, fused_ok=True):
         return run
 
     if gpus > 1 or not cuda:
-        devs = [f"cuda:{i}" for i in range(gpus)] if cuda else ["cpu", "cpu"]
+        devs = list(multi_devs)
         case(res, "outcore", f"throughput-{len(devs)}gpu", multi(devs, False), deadline, 60)
         if cuda:
             case(res, "outcore", "throughput-1gpu-fused", one_fused(), deadline, 30)

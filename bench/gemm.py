@@ -3,19 +3,22 @@
 
     cd <repo> && PYTHONPATH=src python3 bench/gemm.py        # 1 x H200: about 4 min
                                                              # 2 x H200: about 2 min
+                                                             # 4-8 x H200 (65536): longer
     PYTHONPATH=src python3 bench/gemm.py --smoke             # CPU, every code path, seconds
 
 One GPU  -> bench/results/gemm-h200.json: fp32-16384, fp32-32768, tf32-32768, bf16-32768
             (square, fp32 host matrices, pinned; the prefix is the arithmetic) and training
             shapes train-<layout>-t<tokens>-f<features>-<compute>: a Linear layer's three
             products on tokens 16k..64k, in = out features 8k..16k (NT forward, NN dx, TN dW).
-Two GPUs -> bench/results/gemm-h200x2.json: fp32-32768-1gpu, -2gpu and -slowed (GPU 1 shares
-            its time with another process that runs bf16 matmuls nonstop; no GPU setting
-            is changed).
+N GPUs   -> bench/results/gemm-h200xN.json (all visible GPUs, or --gpus N): fp32-S-1gpu,
+            fp32-S-Ngpu and fp32-S-slowed, S = 32768 on two GPUs and 65536 on more (the
+            last GPU shares its time with another process that runs bf16 matmuls nonstop;
+            no GPU setting is changed).
 Systems: outcore; cublasxt (cublasXtSgemm through ctypes, pinned, best blockDim of
 2048/4096/8192; fp32 only); torch-incore (the same product, operands already on the GPU);
 bound (max of FLOPs / in-core rate and the least bytes that must cross PCIe / measured
-bandwidth; for -slowed the sum of each GPU's outcore rate alone under the same slowing).
+bandwidth; for -slowed the sum of each GPU's outcore rate alone under the same slowing:
+on more than two GPUs GPU 0's rate alone stands for every GPU not slowed).
 Every row has `tflops` (null in a failed or skipped run, which has `error`). The run
 starts no new work after --budget-s seconds (training shapes are dropped largest first,
 and listed under "dropped").
@@ -120,11 +123,14 @@ def train_cases(smoke: bool) -> list[Case]:
     return out
 
 
-def multi_cases(smoke: bool) -> list[Case]:
-    s = 512 if smoke else 32768
+def multi_cases(smoke: bool, n: int = 2) -> list[Case]:
+    """1 GPU, all n, and all n with the last one slowed; 65536 on more than two GPUs (the
+    scaling issue's size: 32768 is a few tiles per GPU on eight)."""
+    s = 512 if smoke else (32768 if n <= 2 else 65536)
+    every = tuple(range(n))
     return [Case(f"fp32-{s}-1gpu", s, s, s, "fp32", devices=(0,)),
-            Case(f"fp32-{s}-2gpu", s, s, s, "fp32", devices=(0, 1)),
-            Case(f"fp32-{s}-slowed", s, s, s, "fp32", devices=(0, 1), slowed=True)]
+            Case(f"fp32-{s}-{n}gpu", s, s, s, "fp32", devices=every),
+            Case(f"fp32-{s}-slowed", s, s, s, "fp32", devices=every, slowed=True)]
 
 
 # -- measurements ----------------------------------------------------------------------------
@@ -336,39 +342,45 @@ def one_gpu(env: Env, rows: list, dropped: list, train: bool, bar) -> None:
         bar.update(1)
 
 
-def two_gpus(env: Env, rows: list, bar) -> None:
-    d0, d1 = env.devices[0], env.devices[1]
-    one, two, slowed = multi_cases(env.smoke)
+def multi_gpus(env: Env, rows: list, bar) -> None:
+    devs_all = list(env.devices)
+    d0, dslow = devs_all[0], devs_all[-1]
+    one, every, slowed = multi_cases(env.smoke, len(devs_all))
     bar.total += 3
     bar.refresh()
-    # each GPU's in-core rate on this product (GPU 0's is a row; both feed the bounds)
+    # in-core rates feed the bounds: GPU 0's is a row; on two GPUs both are measured, on
+    # more GPU 0's stands for all (same model; a 65536 product takes seconds per GPU)
     guarded(rows, lambda: run_incore(env, one, d0), one, "torch-incore", env)
-    guarded([], lambda: run_incore(env, one, d1), one, "torch-incore", env)
-    for d in (d0, d1):
-        env.incore[("ref", str(d))] = env.incore.get((one.name, str(d)))
+    if len(devs_all) == 2:
+        guarded([], lambda: run_incore(env, one, dslow), one, "torch-incore", env)
+    for d in devs_all:
+        env.incore[("ref", str(d))] = (env.incore.get((one.name, str(d)))
+                                       or env.incore.get((one.name, str(d0))))
     by_case = {}
-    for c, devs in ((one, [d0]), (two, [d0, d1])):
+    for c, devs in ((one, [d0]), (every, devs_all)):
         guarded(rows, lambda: bound_row(env, c, devs), c, "bound", env)
         by_case[c.name] = guarded(rows, lambda: run_outcore(env, c, devs), c, "outcore", env)
         guarded(rows, lambda: run_cublasxt(env, c, devs), c, "cublasxt", env)
         bar.update(1)
-    r1, r2 = by_case[one.name], by_case[two.name]
-    if r1.get("tflops") and r2.get("tflops"):
-        r2["speedup"] = r2["tflops"] / r1["tflops"]
+    r1, rn = by_case[one.name], by_case[every.name]
+    if r1.get("tflops") and rn.get("tflops"):
+        rn["speedup"] = rn["tflops"] / r1["tflops"]
     c, alone, row = slowed, [], {}
     try:
-        with Hog(d1, env.smoke):
+        with Hog(dslow, env.smoke):
             alone = [guarded([], lambda: run_outcore(env, c, [d], check=False), c, "outcore",
-                             env) for d in (d0, d1)]
-            row = guarded(rows, lambda: run_outcore(env, c, [d0, d1]), c, "outcore", env)
-            guarded(rows, lambda: run_cublasxt(env, c, [d0, d1]), c, "cublasxt", env)
+                             env) for d in (d0, dslow)]
+            row = guarded(rows, lambda: run_outcore(env, c, devs_all), c, "outcore", env)
+            guarded(rows, lambda: run_cublasxt(env, c, devs_all), c, "cublasxt", env)
     except Exception as e:  # noqa: BLE001 - the co-running process failed: record, go on
         rows.append(c.row("outcore", error=f"co-running process: {e}"))
     if len(alone) == 2 and all(a.get("tflops") for a in alone):
-        total = sum(a["tflops"] for a in alone)
+        total = alone[0]["tflops"] * (len(devs_all) - 1) + alone[1]["tflops"]
         rows.append(c.row("bound", tflops=total, gpu0_alone_tflops=alone[0]["tflops"],
-                          gpu1_alone_tflops=alone[1]["tflops"],
-                          limit="sum of each GPU's outcore rate alone under the same slowing"))
+                          slowed_gpu_alone_tflops=alone[1]["tflops"],
+                          limit="sum of each GPU's outcore rate alone under the same slowing"
+                          + ("" if len(devs_all) == 2 else " (GPU 0's for every GPU not "
+                             "slowed)")))
         if row.get("tflops"):
             row["fraction_of_bound"] = row["tflops"] / total
     else:
@@ -396,27 +408,31 @@ def main() -> int:
     ap.add_argument("--budget-s", type=float, default=330.0,
                     help="stop starting new work after this many seconds (default 330)")
     ap.add_argument("--no-train", action="store_true", help="skip the training shapes")
+    ap.add_argument("--gpus", type=int, help="GPUs to use (default: every visible one; with "
+                    "--smoke, that many CPU workers for the multi-device cases, default 2)")
     ap.add_argument("--out", help="results file (default bench/results/gemm-<machine>.json; "
                     "smoke: /tmp/outcore-bench/gemm-smoke.json)")
     args = ap.parse_args()
     t_start = time.perf_counter()
-    n_gpu = 0 if args.smoke else torch.cuda.device_count()
+    n_gpu = 0 if args.smoke else min(args.gpus or torch.cuda.device_count(),
+                                     torch.cuda.device_count())
     if n_gpu == 0 and not args.smoke:
         print("bench/gemm.py: no CUDA GPU here; use --smoke for the CPU check", file=sys.stderr)
         return 2
-    devices = [torch.device("cpu")] * 2 if args.smoke else [torch.device("cuda", i)
-                                                            for i in range(min(n_gpu, 2))]
+    devices = [torch.device("cpu")] * max(2, args.gpus or 2) if args.smoke else \
+        [torch.device("cuda", i) for i in range(n_gpu)]
     env = Env(args.smoke, args.runs, t_start + args.budget_s, devices)
     gpus = [torch.cuda.get_device_name(d) for d in devices] if n_gpu else ["cpu"]
     slug = "h200" if "H200" in gpus[0] else gpus[0].lower().replace(" ", "-")
-    machine = "cpu-smoke" if args.smoke else f"nvidia-{slug}" + ("-x2" if n_gpu >= 2 else "")
+    machine = "cpu-smoke" if args.smoke else f"nvidia-{slug}" + (f"-x{n_gpu}" if n_gpu >= 2
+                                                                  else "")
     out_path = args.out or (os.path.join("/tmp/outcore-bench", "gemm-smoke.json") if args.smoke
                             else os.path.join(HERE, "results", f"gemm-{slug}"
-                                              f"{'x2' if n_gpu >= 2 else ''}.json"))
-    cases = (multi_cases(args.smoke) if n_gpu >= 2 else []) + (
+                                              f"{f'x{n_gpu}' if n_gpu >= 2 else ''}.json"))
+    cases = (multi_cases(args.smoke, n_gpu) if n_gpu >= 2 else []) + (
         [] if n_gpu >= 2 else square_cases(args.smoke) + train_cases(args.smoke))
     if args.smoke:
-        cases = square_cases(True) + train_cases(True) + multi_cases(True)
+        cases = square_cases(True) + train_cases(True) + multi_cases(True, len(devices))
     numel = max(max(c.m * c.k, c.k * c.n, c.m * c.n) for c in cases)
     t0 = time.perf_counter()
     env.bufs = [torch.empty(numel) for _ in range(3)]
@@ -434,14 +450,14 @@ def main() -> int:
     dropped: list = []
     with tqdm(total=0, unit="case", desc="gemm bench") as bar:
         if not args.smoke and n_gpu >= 2:
-            two_gpus(env, rows, bar)
+            multi_gpus(env, rows, bar)
         else:
             if args.smoke:
                 env.devices = [devices[0]]
             one_gpu(env, rows, dropped, not args.no_train, bar)
             if args.smoke:
                 env.devices = devices
-                two_gpus(env, rows, bar)
+                multi_gpus(env, rows, bar)
     import common
     commit = common.git_commit()
     result = {

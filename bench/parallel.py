@@ -1,15 +1,18 @@
-"""Data-parallel streaming on two GPUs: scaling, unequal GPUs, largest model.
+"""Data-parallel streaming on N GPUs: scaling, unequal GPUs, largest model.
 
     cd <repo> && PYTHONPATH=src python3 bench/parallel.py          # ~6-8 min on 2 x H200
     PYTHONPATH=src python3 bench/parallel.py --smoke                # CPU, gloo, 2 ranks, secs
+    PYTHONPATH=src python3 bench/parallel.py --smoke --gpus 3       # CPU, gloo, 3 ranks
 
-Writes bench/results/parallel-<machine>.json (DESIGN.md's format). Each case is one job of
-1 or 2 ranks started as torchrun would (RANK/WORLD_SIZE/MASTER_*), with a wall-clock cap;
-a failed or timed-out case becomes a row with "error". Cases:
-  3b-1gpu, 3b-2gpu           16k tokens per GPU per step (seq 2048): tokens_per_s
-  3b-slowed-equal/-measured  rank 1's GPU shares its time with another process running
-                             bf16 matmuls nonstop (common.Hog; GPU settings never touched)
-  largest-1gpu, largest-2gpu the largest reference size whose host need (model build
+Writes bench/results/parallel-<machine>.json (DESIGN.md's format; parallel-h200xN.json on
+N GPUs: every visible one, or --gpus N). Each case is one job of 1 or N ranks started as
+torchrun would (RANK/WORLD_SIZE/MASTER_*), with a wall-clock cap; a failed or timed-out
+case becomes a row with "error". Cases (N = 2 gives the names 3b-2gpu, largest-2gpu):
+  3b-1gpu, 3b-Ngpu           16k tokens per GPU per step (seq 2048): tokens_per_s
+  3b-slowed-equal/-measured  the last rank's GPU shares its time with another process
+                             running bf16 matmuls nonstop (common.Hog; GPU settings never
+                             touched)
+  largest-1gpu, largest-Ngpu the largest reference size whose host need (model build
                              4 B/param per rank + 12 B/param state + margin) fits host RAM
 """
 
@@ -144,26 +147,33 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0] + " (~6-8 min on "
                                  "2 x H200; --smoke: seconds on the CPU)")
     ap.add_argument("--smoke", action="store_true", help="CPU, gloo, 2 ranks, tiny sizes")
+    ap.add_argument("--gpus", type=int, help="ranks of the multi-GPU cases (default: every "
+                    "visible GPU; 2 with --smoke)")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--case-limit", type=float, default=150.0, help="seconds per case")
     ap.add_argument("--cases", help="comma list of case names to run (default: all six)")
     ap.add_argument("--out", help="results name under bench/results (default "
-                    "parallel-h200x2; with --cases give another, so a partial run does not "
+                    "parallel-h200xN; with --cases give another, so a partial run does not "
                     "replace a whole one)")
     args = ap.parse_args()
     if args.worker:
         worker(json.loads(args.worker))
         return
     smoke = args.smoke or not torch.cuda.is_available()
+    visible = 0 if smoke else torch.cuda.device_count()
+    N = args.gpus or (2 if smoke else visible)
+    if N < 2 or (not smoke and N > visible):
+        sys.exit(f"bench/parallel.py: --gpus {N} needs 2..{max(visible, 2)} "
+                 f"({visible} GPUs visible; --smoke runs any number of CPU ranks)")
     host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     size, seq, rpg, micro = ("tiny", 64, 2, 1) if smoke else ("3b", 2048, 8, 2)
     steps, warm = (3, 1) if smoke else (8, 3)
     c = dict(size=size, seq=seq, rows_per_gpu=rpg, micro=micro, steps=steps, warmup=warm)
-    cases = [dict(c, name="3b-1gpu", nproc=1), dict(c, name="3b-2gpu", nproc=2),
-             dict(c, name="3b-slowed-equal", nproc=2, slow_rank=1),
-             dict(c, name="3b-slowed-measured", nproc=2, slow_rank=1, shares="measured",
+    cases = [dict(c, name="3b-1gpu", nproc=1), dict(c, name=f"3b-{N}gpu", nproc=N),
+             dict(c, name="3b-slowed-equal", nproc=N, slow_rank=N - 1),
+             dict(c, name="3b-slowed-measured", nproc=N, slow_rank=N - 1, shares="measured",
                   steps=steps + (2 if smoke else 6))]
-    for n in (1, 2):
+    for n in (1, N):
         cases.append(dict(c, name=f"largest-{n}gpu", nproc=n, size=largest_size(n, host, smoke),
                           rows_per_gpu=rpg, steps=3 if not smoke else 2, warmup=1))
     if args.cases:
@@ -188,13 +198,16 @@ def main() -> None:
     def ratio(a, b, key="tokens_per_s"):
         x, y = by.get(a, {}).get(key), by.get(b, {}).get(key)
         return x / y if x and y else None
-    doc["summary"] = {"2gpu_over_1gpu": ratio("3b-2gpu", "3b-1gpu"),
+    # targets: issue 5 (two GPUs), issue 9 (four and eight)
+    scaling = {2: 1.9, 4: 3.7, 8: 7.2}.get(N)
+    doc["summary"] = {f"{N}gpu_over_1gpu": ratio(f"3b-{N}gpu", "3b-1gpu"),
                       "measured_over_equal": ratio("3b-slowed-measured", "3b-slowed-equal"),
-                      "largest_params_2gpu_over_1gpu":
-                          ratio("largest-2gpu", "largest-1gpu", "params"),
-                      "targets": {"2gpu_over_1gpu": 1.9, "measured_over_equal": 1.3,
-                                  "largest_params_2gpu_over_1gpu": 1.8}}
-    name = args.out or ("parallel-cpu-smoke" if smoke else "parallel-h200x2")
+                      f"largest_params_{N}gpu_over_1gpu":
+                          ratio(f"largest-{N}gpu", "largest-1gpu", "params"),
+                      "targets": {f"{N}gpu_over_1gpu": scaling, "measured_over_equal": 1.3,
+                                  f"largest_params_{N}gpu_over_1gpu":
+                                      1.8 if N == 2 else None}}
+    name = args.out or ("parallel-cpu-smoke" if smoke else f"parallel-h200x{N}")
     path = write(doc, name)
     print(f"wrote {path}\nsummary: {json.dumps(doc['summary'])}")
     print(table(doc["runs"], ["case", "size", "params", "tokens_per_s", "host_bytes_per_param",
