@@ -42,6 +42,32 @@ def test_kernel_matches_its_emulation(bneg, sides):
 
 
 @needs_interp
+@pytest.mark.parametrize("C,M,bneg", [(64, 16, True), (64, 16, False), (32, 32, True)])
+def test_kernel_touches_only_its_rows(C, M, bneg):
+    """Rows and state sit between NaN guard regions: the kernel must neither write the
+    guards nor read them into its results. (64, 16, batch negatives) is the configuration
+    that failed on the H200 with an illegal memory access; here it is clean, so that fault
+    is in the compiled kernel, and check_fused refuses the configuration.)"""
+    torch.manual_seed(1)
+    d, n, B, G = 32, 300, 100, 64                    # B: a partial last chunk
+    K = -(-B // C)
+    cfg = EmbedConfig(dim=d, chunk_size=C, num_negatives=M, batch_negatives=False)
+    cfg.batch_negatives = bneg                       # past check_fused: the kernel itself
+    big = torch.full((n + 2 * G, d), float("nan"))
+    sbig = torch.full((n + 2 * G, 1), float("nan"))
+    rows, state = big[G:G + n], sbig[G:G + n]
+    rows.copy_(torch.randn(n, d) * 0.3)
+    state.copy_(torch.rand(n, 1))
+    u, v = torch.randint(0, n, (B,), dtype=torch.int32), torch.randint(0, n, (B,))
+    nu, nv = torch.randint(0, n, (K * M,)), torch.randint(0, n, (K * M,))
+    loss = torch.zeros(1)
+    fused_step(rows, state, rows, state, u, v, nu, nv, cfg, 0, 0, loss)
+    for guard in (big[:G], big[G + n:], sbig[:G], sbig[G + n:]):
+        assert guard.isnan().all()
+    assert rows.isfinite().all() and state.isfinite().all() and loss.isfinite().all()
+
+
+@needs_interp
 def test_fused_training_separates_communities():
     src, dst, labels = generate(GraphSpec(300, 3000, communities=3, mixing=0.05, seed=11))
     tr = EmbeddingTrainer(EmbedConfig(dim=16, epochs=3, batch_size=512, chunk_size=16,
