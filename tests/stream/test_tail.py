@@ -100,6 +100,22 @@ def test_skipped_linear_backward_under_bf16_autocast(bias):
             torch.testing.assert_close(u, v, rtol=2e-2, atol=2e-2)
 
 
+class Scaled(nn.Linear):
+    def forward(self, x):
+        return 2 * super().forward(x)
+
+
+def test_a_linear_subclass_is_never_skipped():
+    torch.manual_seed(4)
+    block, x, gy = PreNorm(), torch.randn(4, 16), torch.randn(4, 16)
+    block.fc2 = Scaled(32, 16)
+    want = grads(block, x, gy)
+    skip = TailSkip()
+    for _ in range(2):
+        same(grads(block, x, gy, skip), want)
+    assert skip.skipping() == []
+
+
 def test_disabled_never_probes():
     block = PreNorm()
     skip = TailSkip(enabled=False)

@@ -81,7 +81,8 @@ class _Watch:
     and whether any tensor was saved for backward after its call."""
 
     def __init__(self, module: nn.Module, saves: bool = True):
-        self.linears = [m for m in module.modules() if isinstance(m, nn.Linear)]
+        # exactly nn.Linear: a subclass may compute something else in its forward
+        self.linears = [m for m in module.modules() if type(m) is nn.Linear]
         self.saves = saves                 # watch saved tensors too (the probe pass)
         self.last: nn.Linear | None = None
         self.calls = 0
