@@ -18,13 +18,12 @@ import os
 import statistics
 import sys
 import tempfile
-import time
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
-from gemm import fill_  # noqa: E402
+from gemm import fill_, median_s  # noqa: E402
 
 from outcore.gemm.matmul import matmul  # noqa: E402
 from outcore.memory import pin_  # noqa: E402
@@ -42,16 +41,6 @@ CASES = [  # (compute, size, tile variants; None = the planner's choice)
 ]
 
 
-def timed(fn, runs=3) -> list[float]:
-    fn()                                   # warm-up: buffers, handles, the copy probe
-    out = []
-    for _ in range(runs):
-        t = time.perf_counter()
-        fn()                               # matmul returns when C is on the host
-        out.append(time.perf_counter() - t)
-    return out
-
-
 def main() -> int:
     if not torch.cuda.is_available():
         print("bench/gemm_probe.py needs a CUDA GPU", file=sys.stderr)
@@ -66,8 +55,11 @@ def main() -> int:
         flops = 2.0 * n ** 3
         for tile in tiles:
             st = []
-            runs = timed(lambda: st.append(matmul(A, B, C, compute=compute, tile=tile,
-                                                  return_stats=True)[1]))
+
+            def once():
+                st.append(matmul(A, B, C, compute=compute, tile=tile, return_stats=True)[1])
+            once()   # warm-up: buffers, handles, the copy probe
+            runs = median_s(once, 3, lambda: None)   # matmul returns when C is on the host
             t = statistics.median(runs)
             doc["runs"].append({"case": f"{compute}-{n}", "tile": tile or "auto",
                                 "plan": st[-1].plan, "wall_s": t, "runs_s": runs,

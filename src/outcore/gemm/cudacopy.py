@@ -15,6 +15,8 @@ import threading
 
 import torch
 
+from ..memory import clear_cuda_error
+
 _H2D, _D2H = 1, 2
 _lock = threading.Lock()
 _impl = None          # None: not probed yet; False: unavailable; else a callable
@@ -104,17 +106,11 @@ def _probe(call, device: torch.device) -> bool:
         want = torch.zeros(5, 7)
         want[2:5, 1:5] = src[1:4, 2:6]
         if rc != 0:
-            _clear_error()
+            clear_cuda_error()
             return False
         return torch.equal(dev.cpu(), src[1:4, 2:6]) and torch.equal(back, want)
     except Exception:  # noqa: BLE001 - any failure means "use the staging path"
         return False
-
-
-def _clear_error() -> None:
-    """A failed runtime call leaves its code as the last error, which torch's next kernel
-    launch would raise as its own: read it to clear it."""
-    torch.cuda.cudart().cudaGetLastError()
 
 
 def _run(call, dst: torch.Tensor, src: torch.Tensor, kind: int, stream) -> int:
@@ -152,7 +148,7 @@ def copy2d(dst: torch.Tensor, src: torch.Tensor, stream) -> bool:
     kind = _H2D if dst.is_cuda else _D2H
     rc = _run(_impl, dst, src, kind, stream)
     if rc != 0:
-        _clear_error()
+        clear_cuda_error()
         raise RuntimeError(f"2-D copy failed with CUDA error {rc}")
     return True
 

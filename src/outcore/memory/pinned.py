@@ -33,7 +33,7 @@ _REGISTERED: set[int] = set()   # storage pointers pin_ registered (unpin_ undoe
 _REG_LOCK = threading.RLock()
 
 
-def _clear_error() -> None:
+def clear_cuda_error() -> None:
     """A failed cudart call also leaves its code as the runtime's last error, which the
     next kernel launch of the process would raise as its own: read it to clear it."""
     torch.cuda.cudart().cudaGetLastError()
@@ -51,7 +51,7 @@ def pin_(t: torch.Tensor) -> torch.Tensor:
     ptr = t.untyped_storage().data_ptr()
     rc = torch.cuda.cudart().cudaHostRegister(ptr, nbytes, 0)
     if int(rc) != 0:
-        _clear_error()
+        clear_cuda_error()
         raise RuntimeError(f"cudaHostRegister of {nbytes} bytes failed with code {int(rc)}")
     with _REG_LOCK:
         _REGISTERED.add(ptr)
@@ -69,7 +69,7 @@ def unpin_(t: torch.Tensor) -> None:
             return
         _REGISTERED.discard(ptr)
     if int(torch.cuda.cudart().cudaHostUnregister(ptr)) != 0:
-        _clear_error()
+        clear_cuda_error()
 
 
 class PinnedPool:

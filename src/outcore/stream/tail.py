@@ -49,27 +49,12 @@ class _SkipLinear(torch.autograd.Function):
         return gx, gw, gb
 
 
-def _autocast_dtype(device_type: str):
-    """The autocast dtype in force for `device_type`, or None."""
-    try:
-        on = torch.is_autocast_enabled(device_type)
-    except TypeError:                                   # torch < 2.4
-        on = (torch.is_autocast_cpu_enabled() if device_type == "cpu"
-              else torch.is_autocast_enabled())
-    if not on:
-        return None
-    try:
-        return torch.get_autocast_dtype(device_type)
-    except AttributeError:                              # torch < 2.4
-        return (torch.get_autocast_cpu_dtype() if device_type == "cpu"
-                else torch.get_autocast_gpu_dtype())
-
-
 def _skipping_forward(lin: nn.Linear):
     def forward(x):
         w, b = lin.weight, lin.bias
-        dt = _autocast_dtype(x.device.type)
-        if dt is not None:       # what autocast does to a linear: operands in its dtype
+        dev = x.device.type
+        if torch.is_autocast_enabled(dev):   # what autocast does to a linear: operands
+            dt = torch.get_autocast_dtype(dev)   # in its dtype
             x, w = x.to(dt), w.to(dt)
             b = b.to(dt) if b is not None else None
         return _SkipLinear.apply(x, w, b)

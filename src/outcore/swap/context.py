@@ -188,13 +188,8 @@ class Swap:
 
 
 def _autocast_state() -> tuple:
-    out = []
-    for dev in ("cuda", "cpu"):
-        try:
-            out.append((torch.is_autocast_enabled(dev), torch.get_autocast_dtype(dev)))
-        except (TypeError, AttributeError):   # torch < 2.4 spellings: no per-device query
-            out.append(None)
-    return tuple(out)
+    return tuple((torch.is_autocast_enabled(dev), torch.get_autocast_dtype(dev))
+                 for dev in ("cuda", "cpu"))
 
 
 def signature(module: nn.Module, args, kwargs) -> tuple | None:
