@@ -91,6 +91,23 @@ class DeviceUpdater:
         self.bytes_h2d += 8 * n
         self._mv[g] = (m, v, ev, i)
 
+    def rest_lead(self) -> int:
+        """The block whose backward prefetch also starts rest's m, v (group 0, the largest
+        group and the last gradient of backward).
+
+        Device groups are taken from the end of backward, so its last stretch loads 12
+        B/param per block and keeps the h2d stream busy; rest's m, v queued behind that
+        arrived after its gradient (~14 ms of idle compute per 3B step on the H200). They
+        are started instead ~1.5x rest's size in blocks before the first device-updated
+        block, while backward's blocks still load only their weights (4 B/param). Holding
+        them on the device that long costs no peak: by then backward has freed more
+        checkpoints than they take."""
+        e = self.e
+        top = max((g for g in self.groups if g), default=0)
+        block = max((grp.numel for grp in e.groups[1:]), default=0)
+        lead = -(-3 * e.groups[0].numel // (2 * block)) if block else 0
+        return min(len(e.groups) - 1, top + lead)
+
     def update(self, g: int, w32: torch.Tensor, grad: torch.Tensor, sq: torch.Tensor,
                keep_grad: bool = False):
         """Run AdamW for group g on the device and write it back; returns the d2h event."""

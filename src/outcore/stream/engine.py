@@ -32,6 +32,7 @@ from .deferred import DeferredUpdates
 from .deferred import check_option as check_held
 from .device_update import DeviceUpdater
 from .device_update import check_option as check_gpu_updates
+from .edges import StepEdges
 from .flow import StepFlow
 from .ring import Ring
 from .optimizer import AdamW, GroupOptimizers
@@ -89,6 +90,7 @@ class Engine(StepFlow):
         self.grad_ring = Ring(self.lanes, 3, self.cache.slots[0].buf.numel()
                               if self.cache.slots else 0)
         self.stash = ActivationStash(self.lanes, PinnedPool(pin=self.lanes.cuda))
+        self.edges = StepEdges(self.lanes, PinnedPool(pin=self.lanes.cuda))
         self.runner = BlockRunner(self)
         self.schedule = UpdateSchedule(self._apply_update)
         self.timer = ComputeTimer(self.lanes.cuda)
@@ -155,6 +157,13 @@ class Engine(StepFlow):
         self.deferred.flush()
         self.schedule.wait_all()
         self.updater.synchronize()
+        self._settle_times(block=True)
+
+    def _settle_times(self, block: bool = False) -> None:
+        """stats.compute_s / copy_wait_s from the newest step whose events have run."""
+        got = self.timer.settled(block)
+        if got is not None:
+            self.stats.compute_s, self.stats.copy_wait_s = got
 
     def set_lr(self, lr: float) -> None:
         """Learning rate for the updates of the next train_step.
@@ -180,7 +189,8 @@ class Engine(StepFlow):
         Returns the batch's mean loss (a host sync at the end of the step).
         """
         t0 = time.perf_counter()
-        kwargs = forward_kwargs(self._forward_params, check_batch(batch), self.device)
+        kwargs = forward_kwargs(self._forward_params, check_batch(batch),
+                                self.edges.to_device)
         self._nonfinite_groups: list[int] = []
         self.stats.optimizer_wait_s = 0.0
         self._sq.clear()
@@ -195,7 +205,7 @@ class Engine(StepFlow):
             self.in_train_step = False
         with torch.profiler.record_function("outcore.finish_step"):
             self._finish_step(t0)
-        loss_value = loss.item()  # host sync: the step's loss, once per step
+        loss_value = self.edges.loss_value()  # host sync: the copy posted after the forward
         self._record(t0, loss_value)
         return loss_value
 
@@ -204,9 +214,13 @@ class Engine(StepFlow):
         t = time.perf_counter()
         self.schedule.wait(0)  # host wait: rest's update from the last step
         self.stats.optimizer_wait_s += time.perf_counter() - t
-        rest = self.cache.acquire_rest(self.host.master[0]).detach().requires_grad_(True)
+        rest = self.cache.acquire_rest(self.host.master[0])
         self.prefetch_forward(1)
-        tensors = self.block_params(0, rest)
+        # One leaf per parameter (as in the blocks' backward, runner.py): views of one flat
+        # leaf would each get a zero-filled rest-sized gradient, summed by autograd.
+        leaves = {k: v.detach().requires_grad_(True)
+                  for k, v in self.block_params(0, rest).items()}
+        tensors = dict(leaves)
         tensors.update(self._buffers[0])
         with self.runner._autocast(self.runner.autocast_state()):
             try:
@@ -214,19 +228,20 @@ class Engine(StepFlow):
             except (TypeError, ValueError, KeyError, IndexError) as e:
                 raise OutcoreError(f"the model's forward rejected the batch (keys "
                                    f"{sorted(batch)}): {str(e).splitlines()[0]}") from None
-            dev_batch = {k: kwargs[k] if k in kwargs else
-                         (v.to(self.device, non_blocking=True) if isinstance(v, torch.Tensor)
-                          else v) for k, v in batch.items()}
+            dev_batch = {k: kwargs[k] if k in kwargs else self.edges.to_device(v)
+                         for k, v in batch.items()}
             loss = self._loss(out, dev_batch, loss_fn)
+        self.edges.post_loss(loss)
         # Every update of the last step has been waited for by this forward, so holding
         # (clipping) now cannot starve it.
         if getattr(self, "_next_lr", None) is not None:  # no update is pending here
             self.opt.set_lr(self._next_lr)
             self._next_lr = None
         self.schedule.begin_backward(hold=self.hold_updates)
+        grad0 = self._accumulate_into(leaves, rest.numel()) if rest.numel() else None
         loss.backward()
-        if rest.numel():
-            self.grad_ready(0, rest.grad, self.cache.rest)
+        if grad0 is not None:
+            self.grad_ready(0, grad0, self.cache.rest)
         return loss.detach()
 
     def _loss(self, out, batch, loss_fn) -> torch.Tensor:
@@ -277,10 +292,9 @@ class Engine(StepFlow):
             # "device" (slots, gradient buffers, checkpoints; not transient activations).
             own = self.cache.bytes() + self.grad_ring.bytes() + self.stash.peak_device_bytes
             self.stats.peak_device_bytes = max(self.stats.peak_device_bytes, own)
-        self.stats.compute_s = self.timer.total_s()
-        waits = [w for w in self.cache.waits if w is not None]
-        self.stats.copy_wait_s = sum(a.elapsed_time(b) for a, b in waits) / 1000.0
-        self.cache.waits.clear()
+        self.timer.end_step(self.cache.waits)
+        self.cache.waits = []
+        self._settle_times()
         self.stats.step_s = time.perf_counter() - t0
         self.stats.max_blocks_in_flight = self.cache.max_in_flight
         self.stats.bytes_h2d = self.cache.bytes_h2d

@@ -36,6 +36,17 @@ class StepFlow:
             out[g][local] = b.to(self.device)
         return out
 
+    def _accumulate_into(self, leaves: dict[str, torch.Tensor], numel: int) -> torch.Tensor:
+        """A zeroed flat fp32 gradient of group 0, each leaf's `.grad` a view of it: autograd
+        then adds each parameter's gradient in place (AccumulateGrad on a defined .grad),
+        with no rest-sized temporaries. Allocated just before backward, so the forward's
+        peak does not hold it."""
+        grp = self.groups[0]
+        flat = torch.zeros(numel, dtype=torch.float32, device=self.device)
+        for leaf, p, o in zip(leaves.values(), grp.params, grp.offsets):
+            leaf.grad = flat[o:o + p.numel()].view(p.shape)
+        return flat
+
     def rng_snapshot(self):
         if not self._dropout:
             return None
@@ -61,6 +72,8 @@ class StepFlow:
             self.cache.prefetch(g, self.host.master[g], self.host_ready.get(g))
             self.stash.prefetch(g)
         self.updater.prefetch(g)
+        if 0 in self.updater.groups and g == self.updater.rest_lead():
+            self.updater.prefetch(0)   # early: see DeviceUpdater.rest_lead
 
     def grad_ready(self, g: int, grad: torch.Tensor, w32: torch.Tensor | None = None,
                    ring_i: int | None = None) -> None:

@@ -14,7 +14,8 @@ class StepStats:
     """Times in seconds for the last step; byte counters cumulative over the run."""
 
     step_s: float = 0.0
-    compute_s: float = 0.0          # device busy on block/rest compute (events)
+    # From device events, read once they have run: on a GPU usually the step before the last.
+    compute_s: float = 0.0          # device busy on block compute
     copy_wait_s: float = 0.0        # compute stream idle: waiting on copies or launch gaps
     optimizer_wait_s: float = 0.0   # host blocked on a pending optimizer update
     bytes_h2d: int = 0
@@ -28,12 +29,17 @@ class StepStats:
 
 
 class ComputeTimer:
-    """Brackets compute regions with device events; totals them after the step's sync."""
+    """Brackets compute regions with device events and totals them once they have run.
+
+    On a GPU the totals of a step are read only when its events have completed (a query,
+    no host sync), so `settled()` usually reports the step before the last: reading them
+    at once would make the host wait for the device at every step's end.
+    """
 
     def __init__(self, cuda: bool):
         self.cuda = cuda
-        self.marks: list[tuple[object, object]] = []
-        self._t0 = None
+        self.marks: list[tuple[object, object]] = []   # this step's compute regions
+        self._steps: list[tuple[list, list]] = []      # closed steps: (marks, waits)
         self._cpu = 0.0
 
     def start(self):
@@ -51,11 +57,28 @@ class ComputeTimer:
         else:
             self._cpu += time.perf_counter() - start
 
-    def total_s(self) -> float:
-        """Sum of the bracketed regions; call after the device has synchronized."""
+    def end_step(self, waits: list) -> None:
+        """Close the step: its compute regions and its (before, after) copy-wait pairs."""
+        if self.cuda:
+            self._steps.append((self.marks, [w for w in waits if w is not None]))
+            self.marks = []
+
+    def settled(self, block: bool = False) -> tuple[float, float] | None:
+        """(compute_s, copy_wait_s) of the newest closed step whose events have all run
+        (older ones are dropped); None if none has. block=True waits for the newest."""
         if not self.cuda:
             t, self._cpu = self._cpu, 0.0
-            return t
-        t = sum(a.elapsed_time(b) for a, b in self.marks) / 1000.0
-        self.marks.clear()
-        return t
+            return t, 0.0
+        done = None
+        for i, (marks, waits) in enumerate(self._steps):
+            last = [b for _, b in marks + waits]
+            if not last or (block and i == len(self._steps) - 1) or \
+                    all(b.query() for b in last):
+                done = i
+        if done is None:
+            return None
+        marks, waits = self._steps[done]
+        del self._steps[:done + 1]
+        # elapsed_time syncs on both events: they have completed (or block asked for it)
+        return (sum(a.elapsed_time(b) for a, b in marks) / 1000.0,
+                sum(a.elapsed_time(b) for a, b in waits) / 1000.0)

@@ -49,8 +49,9 @@ def check_batch(batch) -> dict:
     return batch
 
 
-def forward_kwargs(params, batch: dict, device: torch.device) -> dict:
-    """The entries of `batch` that the model's forward accepts, moved to `device`.
+def forward_kwargs(params, batch: dict, to_device) -> dict:
+    """The entries of `batch` that the model's forward accepts, each through `to_device`
+    (StepEdges.to_device: tensors moved to the compute device).
 
     params: inspect.signature(model.forward).parameters. All entries pass when forward
     takes **kwargs. Required arguments missing from the batch are an error. Hugging Face
@@ -67,7 +68,7 @@ def forward_kwargs(params, batch: dict, device: torch.device) -> dict:
     out = {}
     for k, v in batch.items():
         if k in names or var_kw:
-            out[k] = v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v
+            out[k] = to_device(v)
     if not out:
         raise OutcoreError(f"no batch entry matches the model's forward arguments {names}: "
                            f"batch has {sorted(batch)}")

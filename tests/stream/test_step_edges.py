@@ -1,0 +1,91 @@
+"""The step's edges: batch staging, the loss read-back, timings read once their events ran,
+and where rest's m, v start in backward."""
+
+import torch
+
+import outcore
+from outcore.models import decoder
+from outcore.stream.edges import StepEdges
+from outcore.stream.stats import ComputeTimer
+from outcore.transfer import Lanes
+from outcore.memory import PinnedPool
+
+
+class FakeEvent:
+    """A timing event whose completion the test decides; elapsed_time in ms."""
+
+    def __init__(self, t_ms: float, done: bool = True):
+        self.t, self.done = t_ms, done
+
+    def query(self) -> bool:
+        return self.done
+
+    def elapsed_time(self, other: "FakeEvent") -> float:
+        return other.t - self.t
+
+
+def test_timer_reports_the_newest_step_whose_events_ran():
+    timer = ComputeTimer(cuda=True)
+    timer.marks = [(FakeEvent(0), FakeEvent(100))]          # step 1: 0.1 s of compute
+    timer.end_step([(FakeEvent(10), FakeEvent(30)), None])  # a 20 ms copy wait
+    assert timer.settled() == (0.1, 0.02)
+    timer.marks = [(FakeEvent(0), FakeEvent(50))]           # step 2: done
+    timer.end_step([])
+    timer.marks = [(FakeEvent(0), FakeEvent(70, done=False))]  # step 3: still running
+    timer.end_step([])
+    assert timer.settled() == (0.05, 0.0)    # step 2: step 3's events have not run
+    assert timer.settled() is None            # step 2 was consumed, step 3 still pending
+    assert timer.settled(block=True) == (0.07, 0.0)   # waits for the newest
+    assert timer.settled() is None
+
+
+def test_timer_on_the_cpu_is_immediate():
+    timer = ComputeTimer(cuda=False)
+    timer.stop(timer.start())
+    timer.end_step([])
+    got = timer.settled()
+    assert got is not None and got[0] >= 0.0 and got[1] == 0.0
+    assert timer.settled()[0] == 0.0          # the total was handed out once
+
+
+def test_edges_on_the_cpu():
+    edges = StepEdges(Lanes(torch.device("cpu")), PinnedPool(pin=False))
+    x = torch.arange(6).reshape(2, 3)
+    assert edges.to_device(x) is x
+    assert edges.to_device("text") == "text"
+    edges.post_loss(torch.tensor(2.5, requires_grad=True) * 2)
+    assert edges.loss_value() == 5.0
+
+
+def test_rest_state_starts_ahead_of_the_device_updated_stretch():
+    torch.manual_seed(0)
+    model = decoder("tiny", layers=8, vocab=512)
+    eng = outcore.Engine(model, device="cpu", gpu_updates=2)
+    assert eng.updater.groups == {0, 1, 2}
+    rest, block = eng.groups[0].numel, eng.groups[1].numel
+    lead = -(-3 * rest // (2 * block))
+    assert lead >= 1
+    assert eng.updater.rest_lead() == min(8, 2 + lead)
+    eng.close()
+    # only rest on the device: it starts `lead` blocks into backward's end
+    eng = outcore.Engine(decoder("tiny", layers=8, vocab=512), device="cpu",
+                         gpu_updates=0)
+    eng.updater.enable([0])
+    assert eng.updater.rest_lead() == min(8, lead)
+    eng.close()
+
+
+def test_rest_gradient_accumulates_in_place():
+    """Each rest parameter's .grad is a view of one flat buffer; backward adds into it."""
+    torch.manual_seed(0)
+    eng = outcore.Engine(decoder("tiny"), device="cpu")
+    rest = eng.cache.rest
+    leaves = {k: v.detach().requires_grad_(True)
+              for k, v in eng.block_params(0, rest).items()}
+    flat = eng._accumulate_into(leaves, rest.numel())
+    first = next(iter(leaves.values()))
+    (first.sum() * 3).backward()
+    assert flat[: first.numel()].eq(3).all()
+    assert flat[first.numel():].eq(0).all()
+    assert first.grad.data_ptr() == flat.data_ptr()
+    eng.close()
