@@ -199,7 +199,7 @@ class Engine(StepFlow):
             torch.cuda.reset_peak_memory_stats(self.device)
         originals = self.runner.install()
         try:
-            loss = self._forward_backward(kwargs, batch, loss_fn)
+            self._forward_backward(kwargs, batch, loss_fn)
         finally:
             self.runner.uninstall(originals)
             self.in_train_step = False
