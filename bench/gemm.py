@@ -86,7 +86,6 @@ class Env:
     devices: list                     # torch.device per index used by the cases
     bufs: list = field(default_factory=list)
     bw: dict = field(default_factory=dict)
-    xt: dict = field(default_factory=dict)
     incore: dict = field(default_factory=dict)
 
     def left(self) -> float:
@@ -253,19 +252,25 @@ def run_cublasxt(env: Env, c: Case, devices) -> dict:
     torch.cuda.empty_cache()   # cuBLASXt allocates outside torch: give back outcore's cache
     A, B, C = env.views(c)
     ids = tuple(d.index for d in devices)
-    per_dim = {}
-    for bd in BLOCK_DIMS:
-        if (ids, bd) not in env.xt:
-            env.xt[(ids, bd)] = xt = CublasXt(list(ids), block_dim=bd)
+    per_dim, handles = {}, {}
+    # The handles live for this row only: a live cuBLASXt handle keeps its host threads and
+    # device buffers. With the fp32 cases' handles kept alive, outcore's tf32-32768 row
+    # measured 237 TFLOP/s here, where bench/gemm_probe.py (no handle) measured 313 with
+    # the same plan on the same H200.
+    try:
+        for bd in BLOCK_DIMS:
+            handles[bd] = xt = CublasXt(list(ids), block_dim=bd)
             x = env.bufs[0][:4096 * 4096].view(4096, 4096)
             xt.gemm(x, x, env.bufs[2][:4096 * 4096].view(4096, 4096))   # warm-up
-        xt = env.xt[(ids, bd)]
-        per_dim[bd] = median_s(lambda: xt.gemm(A, B, C, transa=c.transa, transb=c.transb), 1,
-                               lambda: None)
-    best = min(per_dim, key=lambda bd: per_dim[bd][0])
-    xt = env.xt[(ids, best)]
-    times = per_dim[best] + median_s(lambda: xt.gemm(A, B, C, transa=c.transa,
-                                                      transb=c.transb), 2, lambda: None)
+            per_dim[bd] = median_s(lambda: xt.gemm(A, B, C, transa=c.transa,
+                                                   transb=c.transb), 1, lambda: None)
+        best = min(per_dim, key=lambda bd: per_dim[bd][0])
+        xt = handles[best]
+        times = per_dim[best] + median_s(lambda: xt.gemm(A, B, C, transa=c.transa,
+                                                          transb=c.transb), 2, lambda: None)
+    finally:
+        for xt in handles.values():
+            xt.close()
     t = statistics.median(times)
     return c.row("cublasxt", tflops=c.flops / t / 1e12, wall_s=t, runs_s=times,
                  block_dim=best, devices=[str(d) for d in devices],
