@@ -53,6 +53,8 @@ class DeviceUpdater:
         self.bytes_d2h = 0
 
     def enable(self, gs) -> None:
+        before = self._ring.bytes() if self._ring is not None else 0
+        grew = 0
         for g in gs:
             if g not in self.groups and self.e.groups[g].numel:
                 if self.e.lanes.cuda:
@@ -64,10 +66,19 @@ class DeviceUpdater:
                     self.e.opt.m[g] = pin_(self.e.opt.m[g])
                     self.e.opt.v[g] = pin_(self.e.opt.v[g])
                 self.groups.add(g)
+                if not g:
+                    grew += 8 * self.e.groups[0].numel   # rest's m, v, held in backward
                 if g and self._ring is None:
                     from .ring import Ring
                     block = self.e.cache.slots[0].buf.numel()
                     self._ring = Ring(self.e.lanes, 2, 2 * block)
+        grew += (self._ring.bytes() if self._ring is not None else 0) - before
+        if grew and self.e._other_peak is not None:
+            # The next step's checkpoint limit comes from this step's measured peak, which
+            # held none of this: without the margin a step that keeps many checkpoints on
+            # the device (3b-64k) ran out of its budget right after groups moved here.
+            # The step after re-measures.
+            self.e._other_peak += grew
 
     def prefetch(self, g: int) -> None:
         """Start copying group g's m and v to the device (no-op if not a device group)."""
