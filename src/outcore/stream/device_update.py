@@ -73,7 +73,7 @@ class DeviceUpdater:
                     block = self.e.cache.slots[0].buf.numel()
                     self._ring = Ring(self.e.lanes, 2, 2 * block)
         grew += (self._ring.bytes() if self._ring is not None else 0) - before
-        if grew and self.e._other_peak is not None:
+        if grew and getattr(self.e, "_other_peak", None) is not None:
             # The next step's checkpoint limit comes from this step's measured peak, which
             # held none of this: without the margin a step that keeps many checkpoints on
             # the device (3b-64k) ran out of its budget right after groups moved here.
