@@ -1,13 +1,17 @@
 """Streaming trainer vs in-memory PyTorch vs FSDP2 CPU offload, on one GPU.
 
-    PYTHONPATH=src python3 bench/stream.py                    # all cases (about 9 minutes)
+    PYTHONPATH=src python3 bench/stream.py                    # all cases: ~18 min, see below
+    PYTHONPATH=src python3 bench/stream.py --cases 3b-16k,3b-64k --largest 0   # ~9 min
+    PYTHONPATH=src python3 bench/stream.py --cases 1b-16k,7b-16k --append     # the rest
     PYTHONPATH=src python3 bench/stream.py --cases 3b-16k --systems outcore,pytorch
     PYTHONPATH=src python3 bench/stream.py --smoke            # CPU, seconds
 
 Each (system, case) runs in its own subprocess so host and GPU memory start clean.
 Same model (outcore.models.decoder), same random batch, same number of steps; the
 figure is the median step time over the measured steps after warm-up.
-Writes bench/results/stream-<machine>.json and stream-<machine>.png.
+Writes bench/results/stream-<machine>.json and stream-<machine>.png. A lent GPU machine
+runs one command for at most 10 minutes: --append adds a command's cases to the file as
+one more part (each part keeps its command and commit; each case's systems share a part).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import torch
 
@@ -58,6 +63,7 @@ def run_outcore(args) -> dict:
                          max_grad_norm=args.clip, held_gpu_updates=_held(args),
                          gpu_memory=args.gpu_memory, verbose=True)
     eng.runner.tail.enabled = not args.full_recompute
+    eng.updater.order = args.update_order   # which groups' AdamW moves to the GPU first
     b = batch(model.cfg.vocab, args.tokens, args.seq)
     times, split, losses = [], [], []
     for i in range(args.warmup + args.steps):
@@ -308,6 +314,12 @@ def main() -> None:
                     "(outcore then holds its updates until the norm is known)")
     ap.add_argument("--held-gpu-updates", default="0", help="outcore's held_gpu_updates: 0, "
                     "auto or a number of blocks (needs --clip)")
+    ap.add_argument("--append", action="store_true", help="add this run's rows to the "
+                    "existing results file, as one more part (cases that take longer than "
+                    "one 10-minute command together)")
+    ap.add_argument("--update-order", default="tail", choices=["tail", "interleave"],
+                    help="outcore: which groups' AdamW moves to the GPU first (A/B of "
+                    "DeviceUpdater.order)")
     ap.add_argument("--full-recompute", action="store_true", help="outcore recomputes each "
                     "block's last projection too (A/B of stream/tail.py)")
     ap.add_argument("--profile", action="store_true", help="also profile two steps of "
@@ -327,7 +339,10 @@ def main() -> None:
         return smoke()
     global ALLOC_CONF
     ALLOC_CONF = args.alloc_conf
+    name = args.out or f"stream-{common.machine_name()}"
     doc = common.header("stream")
+    if args.append:
+        doc = appended(doc, name)
     doc["alloc_conf"] = ALLOC_CONF or "default"
     doc["timing"] = ("step_s: median wall time of one step (ending at its loss.item()) over "
                      "the measured steps after warm-up; window_step_s: the measured steps' "
@@ -336,18 +351,23 @@ def main() -> None:
              "--gpu-memory", args.gpu_memory, "--held-gpu-updates", args.held_gpu_updates] \
         + (["--profile"] if args.profile else []) + (["--clip", str(args.clip)] if args.clip
                                                      else []) \
-        + (["--full-recompute"] if args.full_recompute else [])
+        + (["--full-recompute"] if args.full_recompute else []) \
+        + ["--update-order", args.update_order]
     doc["clip"], doc["held_gpu_updates"] = args.clip, args.held_gpu_updates
     doc["full_recompute"] = args.full_recompute
+    doc["update_order"] = args.update_order
     if not args.skip_tests:
         doc["gpu_tests"] = gpu_tests()
-        common.write(doc, args.out or f"stream-{common.machine_name()}")
+        if "parts" in doc:
+            doc["parts"][-1]["gpu_tests"] = doc["gpu_tests"]
+        common.write(doc, name)
     for case in args.cases.split(","):
         size, tokens, micro = CASES[case]
         for system in args.systems.split(","):
             print(f"== {system} {case}", flush=True)
-            doc["runs"].append(spawn(system, case, size, tokens, micro, extra, args.timeout))
-            common.write(doc, args.out or f"stream-{common.machine_name()}")
+            doc["runs"].append(spawn(system, case, size, tokens, micro, extra, args.timeout)
+                               | part_of(doc))
+            common.write(doc, name)
     if args.largest != "0" and "outcore" in args.systems:
         layers = largest_layers() if args.largest == "auto" else int(args.largest)
         print(f"== outcore largest ({layers} layers of the 7b shape)", flush=True)
@@ -356,13 +376,36 @@ def main() -> None:
                    "--layers", str(layers)], args.timeout * 2)
         losses = r.get("losses") or []
         r["loss_falls"] = bool(losses) and losses[-1] < losses[0]
-        doc["runs"].append(r)
-    name = args.out or f"stream-{common.machine_name()}"
+        doc["runs"].append(r | part_of(doc))
     common.write(doc, name)
     plot(doc, common.RESULTS / f"{name}.png")
     print(common.table(doc["runs"], ["system", "case", "tokens_per_s", "model_tflops",
                                      "peak_gpu_gb", "host_bytes_per_param", "compute_s",
                                      "copy_wait_s", "optimizer_wait_s", "error"]))
+
+
+def appended(doc: dict, name: str) -> dict:
+    """--append: the existing results file NAME with this invocation as one more part.
+
+    One command may run at most 10 minutes on the lent GPU machines and every case with
+    every system takes longer, so the file is filled by several commands. Each part keeps
+    its own command, commit and date, and each row says which part measured it; the
+    systems of one case always run in the same part."""
+    path = common.RESULTS / f"{name}.json" if os.sep not in name else Path(name)
+    if not path.exists():
+        return doc
+    old = json.loads(path.read_text())
+    keys = ("command", "commit", "date", "gpus", "torch", "gpu_tests")
+    parts = old.get("parts") or [{k: old.get(k) for k in keys}]
+    old["parts"] = parts + [{k: doc.get(k) for k in keys}]
+    for k in ("command", "commit", "date", "torch"):
+        old[k] = doc[k]
+    return old
+
+
+def part_of(doc: dict) -> dict:
+    """{'part': index of this invocation in doc['parts']} for an appended file, else {}."""
+    return {"part": len(doc["parts"]) - 1} if "parts" in doc else {}
 
 
 def gpu_tests() -> dict:

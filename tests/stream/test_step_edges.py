@@ -1,9 +1,11 @@
 """The step's edges: batch staging, the loss read-back, timings read once their events ran,
 and where rest's m, v start in backward."""
 
+import pytest
 import torch
 
 import outcore
+from outcore import OutcoreError
 from outcore.models import decoder
 from outcore.stream.edges import StepEdges
 from outcore.stream.stats import ComputeTimer
@@ -88,4 +90,20 @@ def test_rest_gradient_accumulates_in_place():
     assert flat[: first.numel()].eq(3).all()
     assert flat[first.numel():].eq(0).all()
     assert first.grad.data_ptr() == flat.data_ptr()
+    eng.close()
+
+
+def test_interleaved_update_order():
+    """'interleave' moves rest and blocks 1..3 first, then every other block; rest's m, v
+    start relative to the contiguous run at the end of backward."""
+    eng = outcore.Engine(decoder("tiny", layers=9, vocab=512), device="cpu", gpu_updates=0)
+    assert eng.updater.candidates() == list(range(10))
+    eng.updater.order = "interleave"
+    assert eng.updater.candidates() == [0, 1, 2, 3, 5, 7, 9, 4, 6, 8]
+    eng.updater.enable(eng.updater.candidates()[:6])      # rest, 1, 2, 3, 5, 7
+    rest, block = eng.groups[0].numel, eng.groups[1].numel
+    assert eng.updater.rest_lead() == min(9, 3 + -(-3 * rest // (2 * block)))
+    eng.updater.order = "sideways"
+    with pytest.raises(OutcoreError, match="'tail' or 'interleave'"):
+        eng.updater.candidates()
     eng.close()

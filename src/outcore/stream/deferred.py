@@ -96,8 +96,8 @@ class DeferredUpdates:
         cap = MAX_SHARE * sum(grp.numel for grp in e.groups[1:])
         have = sum(e.groups[g].numel for g in self.groups)
         picked = []
-        for g in backlog_groups(e.groups, self.groups, 1, step_s, opt_wait_s, cpu_busy_s,
-                                cpu_params):
+        for g in backlog_groups(e.groups, self.groups, range(1, len(e.groups)), step_s,
+                                opt_wait_s, cpu_busy_s, cpu_params):
             if have + e.groups[g].numel > cap:
                 break
             picked.append(g)

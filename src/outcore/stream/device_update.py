@@ -40,11 +40,26 @@ def check_option(v, hold_updates: bool, cuda: bool):
                        "update on the device")
 
 
+HEAD_BLOCKS = 3   # 'interleave' order: blocks 1..3 first, whole (the next forward's first)
+
+
 class DeviceUpdater:
-    """Which groups update on the device, their m/v in flight, and the d2h events."""
+    """Which groups update on the device, their m/v in flight, and the d2h events.
+
+    order: which groups move here first.
+      "tail" (default, measured): rest, block 1, 2, ... (the end of backward). The last
+        stretch of backward then loads 12 B/param per block and writes 12 back: on the
+        H200 at 3b-16k both copy directions were busy through it and compute idled ~10 ms
+        a block in its last blocks.
+      "interleave" (unmeasured, for an A/B: bench/stream.py --update-order): rest, blocks
+        1..3, then every other block (5, 7, ...), then the blocks between (4, 6, ...).
+        Each device block's copies then sit beside a CPU block's 4 B/param, and the CPU
+        blocks' gradients still arrive early enough for their next forward.
+    """
 
     def __init__(self, engine):
         self.e = engine
+        self.order = "tail"
         self.groups: set[int] = set()
         self._mv: dict[int, tuple[torch.Tensor, torch.Tensor, object, int | None]] = {}
         self._ring = None  # 2 buffers of m|v for blocks (rest's are allocated per step)
@@ -102,6 +117,17 @@ class DeviceUpdater:
         self.bytes_h2d += 8 * n
         self._mv[g] = (m, v, ev, i)
 
+    def candidates(self) -> list[int]:
+        """Every group, in the order they move to the device (see `order`)."""
+        n = len(self.e.groups)
+        if self.order == "tail":
+            return list(range(n))
+        if self.order != "interleave":
+            raise OutcoreError(f"device update order {self.order!r}: use 'tail' or "
+                               "'interleave'")
+        head = list(range(min(n, HEAD_BLOCKS + 1)))
+        return head + list(range(HEAD_BLOCKS + 2, n, 2)) + list(range(HEAD_BLOCKS + 1, n, 2))
+
     def rest_lead(self) -> int:
         """The block whose backward prefetch also starts rest's m, v (group 0, the largest
         group and the last gradient of backward).
@@ -114,7 +140,9 @@ class DeviceUpdater:
         them on the device that long costs no peak: by then backward has freed more
         checkpoints than they take."""
         e = self.e
-        top = max((g for g in self.groups if g), default=0)
+        top = 0                  # the end of backward's contiguous run of device blocks
+        while top + 1 in self.groups:
+            top += 1
         block = max((grp.numel for grp in e.groups[1:]), default=0)
         lead = -(-3 * e.groups[0].numel // (2 * block)) if block else 0
         return min(len(e.groups) - 1, top + lead)
@@ -170,22 +198,22 @@ class DeviceUpdater:
         not absorb; that many parameters (plus one group of margin) move to the device,
         taken from the end of backward (rest, block 1, 2, ...). Never moves groups back.
         """
-        added = backlog_groups(self.e.groups, self.groups, 0, step_s, opt_wait_s,
-                               cpu_busy_s, cpu_params)
+        added = backlog_groups(self.e.groups, self.groups, self.candidates(), step_s,
+                               opt_wait_s, cpu_busy_s, cpu_params)
         self.enable(added)
         return added
 
 
-def backlog_groups(groups, taken, first: int, step_s: float, opt_wait_s: float,
+def backlog_groups(groups, taken, order, step_s: float, opt_wait_s: float,
                    cpu_busy_s: float, cpu_params: int) -> list[int]:
-    """Groups (from `first` on, not in `taken`) holding about the parameters the CPU could
+    """Groups (taken in `order`, not in `taken`) holding about the parameters the CPU could
     not update in time this step: the optimizer wait times the CPU's update rate seen this
     step, plus one group of margin. None when the wait was under 2% of the step."""
     if opt_wait_s <= 0.02 * step_s or cpu_busy_s <= 0 or cpu_params <= 0:
         return []
     backlog = opt_wait_s * cpu_params / cpu_busy_s
     added, moved = [], 0
-    for g in range(first, len(groups)):
+    for g in order:
         if g in taken or not groups[g].numel:
             continue
         added.append(g)

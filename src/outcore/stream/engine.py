@@ -100,7 +100,7 @@ class Engine(StepFlow):
         self.gpu_updates = check_gpu_updates(gpu_updates, self.hold_updates,
                                              self.lanes.cuda)
         if isinstance(self.gpu_updates, int) and self.gpu_updates > 0:
-            self.updater.enable(range(min(len(self.groups), self.gpu_updates + 1)))
+            self.updater.enable(self.updater.candidates()[:self.gpu_updates + 1])
         self._cpu_busy_s = 0.0
         self._cpu_params = 0
         self.step_count = 0
