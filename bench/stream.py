@@ -335,6 +335,9 @@ def main() -> None:
     args = ap.parse_args()
     if args.worker:
         return worker(args)
+    unknown = [c for c in filter(None, args.cases.split(",")) if c not in CASES]
+    if unknown:
+        ap.error(f"unknown case(s) {unknown}: choose from {', '.join(CASES)}")
     if args.smoke:
         return smoke()
     global ALLOC_CONF
@@ -361,7 +364,7 @@ def main() -> None:
         if "parts" in doc:
             doc["parts"][-1]["gpu_tests"] = doc["gpu_tests"]
         common.write(doc, name)
-    for case in args.cases.split(","):
+    for case in filter(None, args.cases.split(",")):   # --cases "" runs only --largest
         size, tokens, micro = CASES[case]
         for system in args.systems.split(","):
             print(f"== {system} {case}", flush=True)
