@@ -208,8 +208,10 @@ def run(cfg: TrainConfig, loss_fn=None, return_model: bool = False) -> dict:
         runckpt.save_run(path, engine, tok, trainer_state(engine.step_count), hf)
 
     losses, times, bad, skipped_total = [], [], 0, 0
-    split = {"compute_s": 0.0, "copy_wait_s": 0.0, "optimizer_wait_s": 0.0}
     start = engine.step_count
+    engine.synchronize()   # a resumed engine's timings so far are not this run's
+    base = (engine.stats.total_compute_s, engine.stats.total_copy_wait_s,
+            engine.stats.total_optimizer_wait_s)
     stopped_by = None
     bar = tqdm(total=cfg.max_steps, initial=start, desc="train", unit="step", dynamic_ncols=True)
     t_run = time.perf_counter()
@@ -227,8 +229,6 @@ def run(cfg: TrainConfig, loss_fn=None, return_model: bool = False) -> dict:
             else:
                 losses.append(loss)
             times.append(engine.stats.step_s)
-            for k in split:
-                split[k] += getattr(engine.stats, k)
             tok_s = tokens_per_step / engine.stats.step_s
             log.write({"step": step + 1, "loss": loss if math.isfinite(loss) else None,
                        "lr": lr, "grad_norm": getattr(engine, "last_grad_norm", None)
@@ -263,6 +263,10 @@ def run(cfg: TrainConfig, loss_fn=None, return_model: bool = False) -> dict:
         if stopped_by is None:
             save(out_dir / "final")
     log.close()
+    engine.synchronize()   # the last steps' device timings settle (and every update lands)
+    st = engine.stats
+    split = {"compute_s": st.total_compute_s - base[0], "copy_wait_s": st.total_copy_wait_s
+             - base[1], "optimizer_wait_s": st.total_optimizer_wait_s - base[2]}
     steady = sorted(times[1:] or times)
     summary = {
         "steps": engine.step_count - start, "skipped_steps": skipped_total,

@@ -7,7 +7,6 @@ import torch
 from outcore.gemm.model import Rates, estimate_seconds
 from outcore.gemm.plan import make_plan
 from outcore.gemm.schedule import LONE_DEPTH, Pull, TileQueue
-from outcore.gemm.worker import DeviceWorker
 
 
 def test_a_lone_device_queues_deeper_than_devices_sharing_tiles():

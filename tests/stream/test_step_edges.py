@@ -26,28 +26,43 @@ class FakeEvent:
         return other.t - self.t
 
 
-def test_timer_reports_the_newest_step_whose_events_ran():
+def test_timer_hands_out_each_step_once_its_events_ran():
     timer = ComputeTimer(cuda=True)
     timer.marks = [(FakeEvent(0), FakeEvent(100))]          # step 1: 0.1 s of compute
     timer.end_step([(FakeEvent(10), FakeEvent(30)), None])  # a 20 ms copy wait
-    assert timer.settled() == (0.1, 0.02)
     timer.marks = [(FakeEvent(0), FakeEvent(50))]           # step 2: done
     timer.end_step([])
     timer.marks = [(FakeEvent(0), FakeEvent(70, done=False))]  # step 3: still running
     timer.end_step([])
-    assert timer.settled() == (0.05, 0.0)    # step 2: step 3's events have not run
-    assert timer.settled() is None            # step 2 was consumed, step 3 still pending
-    assert timer.settled(block=True) == (0.07, 0.0)   # waits for the newest
-    assert timer.settled() is None
+    assert timer.settled() == [(0.1, 0.02), (0.05, 0.0)]   # not step 3: not run yet
+    assert timer.settled() == []                            # each step once
+    assert timer.settled(block=True) == [(0.07, 0.0)]       # waits for the rest
+    assert timer.settled(block=True) == []
 
 
 def test_timer_on_the_cpu_is_immediate():
     timer = ComputeTimer(cuda=False)
     timer.stop(timer.start())
     timer.end_step([])
-    got = timer.settled()
-    assert got is not None and got[0] >= 0.0 and got[1] == 0.0
-    assert timer.settled()[0] == 0.0          # the total was handed out once
+    (got,) = timer.settled()
+    assert got[0] >= 0.0 and got[1] == 0.0
+    assert timer.settled() == []              # each step once
+
+
+def test_engine_totals_count_every_step_once():
+    torch.manual_seed(0)
+    eng = outcore.Engine(decoder("tiny"), device="cpu")
+    b = {"input_ids": torch.randint(0, 256, (2, 16))}
+    b["labels"] = b["input_ids"]
+    per_step = []
+    for _ in range(3):
+        eng.train_step(b)
+        per_step.append(eng.stats.compute_s)
+    eng.synchronize()
+    assert eng.stats.compute_s == per_step[-1]      # synchronize settles nothing new here
+    assert all(t > 0 for t in per_step)
+    assert eng.stats.total_compute_s == pytest.approx(sum(per_step))
+    eng.close()
 
 
 def test_edges_on_the_cpu():

@@ -111,7 +111,7 @@ def node_classification(emb, labels: np.ndarray, *, train_fraction: float = 0.5,
     rng.shuffle(nodes)
     nodes = nodes[:max_nodes]
     cut = max(1, int(len(nodes) * train_fraction))
-    tr, te = nodes[:cut], nodes[cut:]
+    te = nodes[cut:]
     if len(te) == 0:
         raise OutcoreError("train_fraction leaves no nodes to test on")
     classes, y = np.unique(labels[nodes], return_inverse=True)

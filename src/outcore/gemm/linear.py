@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from ..errors import OutcoreError
-from ..memory import pin_
+from ..memory import pin_, unpin_
 from .matmul import matmul
 
 

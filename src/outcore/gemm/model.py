@@ -12,11 +12,15 @@ and narrow rows cross PCIe well below the contiguous rate (`ROW_FACTOR`).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from .schedule import LONE_DEPTH
 from .tiles import spans
+
+if TYPE_CHECKING:   # plan.py imports this module: annotations only
+    from .plan import GemmPlan
 
 
 # 2-D host-to-device copies: row bytes -> fraction of the contiguous rate, while the d2h

@@ -161,9 +161,11 @@ class Engine(StepFlow):
 
     def _settle_times(self, block: bool = False) -> None:
         """stats.compute_s / copy_wait_s from the newest step whose events have run."""
-        got = self.timer.settled(block)
-        if got is not None:
-            self.stats.compute_s, self.stats.copy_wait_s = got
+        st = self.stats
+        for compute, wait in self.timer.settled(block):
+            st.compute_s, st.copy_wait_s = compute, wait
+            st.total_compute_s += compute
+            st.total_copy_wait_s += wait
 
     def set_lr(self, lr: float) -> None:
         """Learning rate for the updates of the next train_step.
@@ -292,6 +294,7 @@ class Engine(StepFlow):
             # "device" (slots, gradient buffers, checkpoints; not transient activations).
             own = self.cache.bytes() + self.grad_ring.bytes() + self.stash.peak_device_bytes
             self.stats.peak_device_bytes = max(self.stats.peak_device_bytes, own)
+        self.stats.total_optimizer_wait_s += self.stats.optimizer_wait_s
         self.timer.end_step(self.cache.waits)
         self.cache.waits = []
         self._settle_times()

@@ -18,6 +18,10 @@ class StepStats:
     compute_s: float = 0.0          # device busy on block compute
     copy_wait_s: float = 0.0        # compute stream idle: waiting on copies or launch gaps
     optimizer_wait_s: float = 0.0   # host blocked on a pending optimizer update
+    # The same, summed over every step so far (synchronize() settles the last ones).
+    total_compute_s: float = 0.0
+    total_copy_wait_s: float = 0.0
+    total_optimizer_wait_s: float = 0.0
     bytes_h2d: int = 0
     bytes_d2h: int = 0
     max_blocks_in_flight: int = 0
@@ -39,7 +43,7 @@ class ComputeTimer:
     def __init__(self, cuda: bool):
         self.cuda = cuda
         self.marks: list[tuple[object, object]] = []   # this step's compute regions
-        self._steps: list[tuple[list, list]] = []      # closed steps: (marks, waits)
+        self._steps: list = []   # closed steps: (marks, waits); on the CPU their seconds
         self._cpu = 0.0
 
     def start(self):
@@ -62,23 +66,25 @@ class ComputeTimer:
         if self.cuda:
             self._steps.append((self.marks, [w for w in waits if w is not None]))
             self.marks = []
+        else:
+            self._steps.append(self._cpu)
+            self._cpu = 0.0
 
-    def settled(self, block: bool = False) -> tuple[float, float] | None:
-        """(compute_s, copy_wait_s) of the newest closed step whose events have all run
-        (older ones are dropped); None if none has. block=True waits for the newest."""
+    def settled(self, block: bool = False) -> list[tuple[float, float]]:
+        """(compute_s, copy_wait_s) of every closed step whose events have all run, oldest
+        first, each handed out once; block=True waits for all of them."""
         if not self.cuda:
-            t, self._cpu = self._cpu, 0.0
-            return t, 0.0
-        done = None
-        for i, (marks, waits) in enumerate(self._steps):
-            last = [b for _, b in marks + waits]
-            if not last or (block and i == len(self._steps) - 1) or \
-                    all(b.query() for b in last):
-                done = i
-        if done is None:
-            return None
-        marks, waits = self._steps[done]
-        del self._steps[:done + 1]
-        # elapsed_time syncs on both events: they have completed (or block asked for it)
-        return (sum(a.elapsed_time(b) for a, b in marks) / 1000.0,
-                sum(a.elapsed_time(b) for a, b in waits) / 1000.0)
+            out = [(t, 0.0) for t in self._steps]
+            self._steps.clear()
+            return out
+        out = []
+        while self._steps:
+            marks, waits = self._steps[0]
+            ends = [b for _, b in marks + waits]
+            if not block and not all(b.query() for b in ends):
+                break   # the device has not reached this step's end yet: later steps neither
+            self._steps.pop(0)
+            # elapsed_time syncs on both events: they have run (or block asked to wait)
+            out.append((sum(a.elapsed_time(b) for a, b in marks) / 1000.0,
+                        sum(a.elapsed_time(b) for a, b in waits) / 1000.0))
+        return out
