@@ -23,7 +23,7 @@ from torch import nn
 from torch.func import functional_call
 
 from ..errors import OutcoreError
-from ..memory import PinnedPool, host_peak_rss_bytes
+from ..memory import PinnedPool
 from ..transfer import Lanes
 from ..units import parse_bytes
 from .blocks import build_groups, find_blocks
@@ -33,6 +33,7 @@ from .deferred import check_option as check_held
 from .device_update import DeviceUpdater
 from .device_update import check_option as check_gpu_updates
 from .edges import StepEdges
+from .accounting import StepAccounting
 from .flow import StepFlow
 from .ring import Ring
 from .optimizer import AdamW, GroupOptimizers
@@ -43,7 +44,7 @@ from .stats import ComputeTimer, StepStats
 from .validate import check_batch, forward_kwargs, resolve_device
 
 
-class Engine(StepFlow):
+class Engine(StepFlow, StepAccounting):
     """Train `model` with its state in host memory; see the module docstring."""
 
     def __init__(self, model: nn.Module, optimizer: AdamW | None = None, device="cpu",
@@ -158,14 +159,6 @@ class Engine(StepFlow):
         self.schedule.wait_all()
         self.updater.synchronize()
         self._settle_times(block=True)
-
-    def _settle_times(self, block: bool = False) -> None:
-        """stats.compute_s / copy_wait_s from the newest step whose events have run."""
-        st = self.stats
-        for compute, wait in self.timer.settled(block):
-            st.compute_s, st.copy_wait_s = compute, wait
-            st.total_compute_s += compute
-            st.total_copy_wait_s += wait
 
     def set_lr(self, lr: float) -> None:
         """Learning rate for the updates of the next train_step.
@@ -282,59 +275,6 @@ class Engine(StepFlow):
         """The L2 norm over every group's gradient of this step."""
         # Host sync: held updates need the global norm before any of them may run.
         return torch.sqrt(torch.stack([s.to(self.device) for s in self._sq]).sum()).item()
-
-    def _record(self, t0: float, loss: float) -> None:
-        if self.lanes.cuda:
-            self.stats.peak_device_bytes = max(self.stats.peak_device_bytes,
-                                               torch.cuda.max_memory_allocated(self.device))
-            self.stats.alloc_retries = torch.cuda.memory_stats(self.device).get(
-                "num_alloc_retries", 0)
-        else:
-            # No device allocator to ask: the engine's own count of what it keeps on the
-            # "device" (slots, gradient buffers, checkpoints; not transient activations).
-            own = self.cache.bytes() + self.grad_ring.bytes() + self.stash.peak_device_bytes
-            self.stats.peak_device_bytes = max(self.stats.peak_device_bytes, own)
-        self.stats.total_optimizer_wait_s += self.stats.optimizer_wait_s
-        self.timer.end_step(self.cache.waits)
-        self.cache.waits = []
-        self._settle_times()
-        self.stats.step_s = time.perf_counter() - t0
-        self.stats.max_blocks_in_flight = self.cache.max_in_flight
-        self.stats.bytes_h2d = self.cache.bytes_h2d
-        self.step_count += 1
-        if self.lanes.cuda:
-            peak = torch.cuda.max_memory_allocated(self.device)
-            self._other_peak = peak - self.stash.peak_device_bytes
-        self.stash.peak_device_bytes = 0
-        due = self.step_count >= 2 and (self.step_count <= 8 or self.step_count % 10 == 0)
-        # Feedback (after steps 2..8, then every 10th): the optimizer wait of this step
-        # moves AdamW work to the device; `what` says which path for the verbose line.
-        for mode, planner, what in ((self.gpu_updates, self.updater, "AdamW of groups"),
-                                    (self.held_gpu_updates, self.deferred,
-                                     "held AdamW (at the next load) of blocks")):
-            if mode == "auto" and due:
-                added = planner.plan(self.stats.step_s, self.stats.optimizer_wait_s,
-                                     self._cpu_busy_s, self._cpu_params)
-                if added and self.verbose:
-                    print(f"outcore: {what} {added} moves to the device (CPU updated "
-                          f"{self._cpu_params / 1e6:.0f}M params in {self._cpu_busy_s:.2f} s,"
-                          f" step {self.stats.step_s:.2f} s)")
-        self._cpu_busy_s, self._cpu_params = 0.0, 0
-        self.stats.history.append({"step": self.step_count, "loss": loss,
-                                   "step_s": self.stats.step_s,
-                                   "host_peak_bytes": host_peak_rss_bytes()})
-
-    def _stash_limit(self) -> int | None:
-        if self.gpu_memory is None:
-            return None
-        from .plan import fixed_device_bytes
-        usable = int(self.gpu_memory * 0.92)
-        # Before the first measurement: the fixed buffers, the deferred updates' chunk ring
-        # (allocated at construction with held_gpu_updates=k), half of what is left.
-        fixed = fixed_device_bytes(self) + self.deferred.bytes()
-        other = self._other_peak if self._other_peak is not None else \
-            fixed + (self.gpu_memory - fixed) // 2
-        return max(0, usable - other)
 
     def save(self, path) -> None:
         from .checkpoint import save

@@ -1,0 +1,79 @@
+"""After each step: what the step cost and what the next one may keep on the device.
+
+`StepAccounting` is mixed into Engine. `_record` fills `engine.stats` (peak memory, the
+time split, bytes moved, the history) and runs the feedback that moves AdamW work to the
+device; `_stash_limit` is the room the next step's checkpoints get under the budget.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from ..memory import host_peak_rss_bytes
+
+
+class StepAccounting:
+    """Mixin of Engine; uses its stats, timer, cache, stash, updater and deferred."""
+
+    def _record(self, t0: float, loss: float) -> None:
+        if self.lanes.cuda:
+            self.stats.peak_device_bytes = max(self.stats.peak_device_bytes,
+                                               torch.cuda.max_memory_allocated(self.device))
+            self.stats.alloc_retries = torch.cuda.memory_stats(self.device).get(
+                "num_alloc_retries", 0)
+        else:
+            # No device allocator to ask: the engine's own count of what it keeps on the
+            # "device" (slots, gradient buffers, checkpoints; not transient activations).
+            own = self.cache.bytes() + self.grad_ring.bytes() + self.stash.peak_device_bytes
+            self.stats.peak_device_bytes = max(self.stats.peak_device_bytes, own)
+        self.stats.total_optimizer_wait_s += self.stats.optimizer_wait_s
+        self.timer.end_step(self.cache.waits)
+        self.cache.waits = []
+        self._settle_times()
+        self.stats.step_s = time.perf_counter() - t0
+        self.stats.max_blocks_in_flight = self.cache.max_in_flight
+        self.stats.bytes_h2d = self.cache.bytes_h2d
+        self.step_count += 1
+        if self.lanes.cuda:
+            peak = torch.cuda.max_memory_allocated(self.device)
+            self._other_peak = peak - self.stash.peak_device_bytes
+        self.stash.peak_device_bytes = 0
+        due = self.step_count >= 2 and (self.step_count <= 8 or self.step_count % 10 == 0)
+        # Feedback (after steps 2..8, then every 10th): the optimizer wait of this step
+        # moves AdamW work to the device; `what` says which path for the verbose line.
+        for mode, planner, what in ((self.gpu_updates, self.updater, "AdamW of groups"),
+                                    (self.held_gpu_updates, self.deferred,
+                                     "held AdamW (at the next load) of blocks")):
+            if mode == "auto" and due:
+                added = planner.plan(self.stats.step_s, self.stats.optimizer_wait_s,
+                                     self._cpu_busy_s, self._cpu_params)
+                if added and self.verbose:
+                    print(f"outcore: {what} {added} moves to the device (CPU updated "
+                          f"{self._cpu_params / 1e6:.0f}M params in {self._cpu_busy_s:.2f} s,"
+                          f" step {self.stats.step_s:.2f} s)")
+        self._cpu_busy_s, self._cpu_params = 0.0, 0
+        self.stats.history.append({"step": self.step_count, "loss": loss,
+                                   "step_s": self.stats.step_s,
+                                   "host_peak_bytes": host_peak_rss_bytes()})
+
+    def _stash_limit(self) -> int | None:
+        if self.gpu_memory is None:
+            return None
+        from .plan import fixed_device_bytes
+        usable = int(self.gpu_memory * 0.92)
+        # Before the first measurement: the fixed buffers, the deferred updates' chunk ring
+        # (allocated at construction with held_gpu_updates=k), half of what is left.
+        fixed = fixed_device_bytes(self) + self.deferred.bytes()
+        other = self._other_peak if self._other_peak is not None else \
+            fixed + (self.gpu_memory - fixed) // 2
+        return max(0, usable - other)
+
+    def _settle_times(self, block: bool = False) -> None:
+        """stats.compute_s / copy_wait_s from the newest step whose events have run."""
+        st = self.stats
+        for compute, wait in self.timer.settled(block):
+            st.compute_s, st.copy_wait_s = compute, wait
+            st.total_compute_s += compute
+            st.total_copy_wait_s += wait
