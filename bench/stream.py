@@ -40,9 +40,9 @@ SEQ = 2048
 ALLOC_CONF = ""  # set from --alloc-conf
 
 
-def make_model(size: str, layers: int | None = None):
+def make_model(size: str, layers: int | None = None, fused_norm: bool = False):
     from outcore.models import decoder
-    kw = {"max_seq": SEQ}
+    kw = {"max_seq": SEQ, "fused_norm": fused_norm}
     if layers:
         kw["layers"] = layers
     return decoder(size, **kw)
@@ -56,7 +56,7 @@ def batch(vocab: int, tokens: int, seq: int, device="cpu"):
 
 def run_outcore(args) -> dict:
     import outcore
-    model = make_model(args.size, args.layers)
+    model = make_model(args.size, args.layers, args.fused_norm)
     n = sum(p.numel() for p in model.parameters())
     eng = outcore.Engine(model, optimizer=outcore.AdamW(lr=1e-4, weight_decay=0.0),
                          device="cuda", micro_batch_size=args.micro or None,
@@ -182,7 +182,7 @@ def _plain_loop(model, opt, args, params) -> dict:
 
 
 def run_pytorch(args) -> dict:
-    model = make_model(args.size, args.layers)
+    model = make_model(args.size, args.layers, args.fused_norm)
     n = sum(p.numel() for p in model.parameters())
     for i, layer in enumerate(model.layers):
         model.layers[i] = _Ckpt(layer)
@@ -209,7 +209,7 @@ def run_fsdp2(args) -> dict:
     os.environ.setdefault("MASTER_PORT", "29533")
     dist.init_process_group("nccl", rank=0, world_size=1)
     torch.cuda.set_device(0)
-    model = make_model(args.size, args.layers)
+    model = make_model(args.size, args.layers, args.fused_norm)
     n = sum(p.numel() for p in model.parameters())
     for i, layer in enumerate(model.layers):
         model.layers[i] = _Ckpt(layer)
@@ -317,6 +317,9 @@ def main() -> None:
     ap.add_argument("--append", action="store_true", help="add this run's rows to the "
                     "existing results file, as one more part (cases that take longer than "
                     "one 10-minute command together)")
+    ap.add_argument("--fused-norm", action="store_true", help="every system's model "
+                    "uses F.rms_norm (DecoderConfig.fused_norm) instead of the fp32 "
+                    "elementwise RMSNorm")
     ap.add_argument("--update-order", default="tail", choices=["tail", "interleave"],
                     help="outcore: which groups' AdamW moves to the GPU first (A/B of "
                     "DeviceUpdater.order)")
@@ -355,10 +358,12 @@ def main() -> None:
         + (["--profile"] if args.profile else []) + (["--clip", str(args.clip)] if args.clip
                                                      else []) \
         + (["--full-recompute"] if args.full_recompute else []) \
-        + ["--update-order", args.update_order]
+        + ["--update-order", args.update_order] \
+        + (["--fused-norm"] if args.fused_norm else [])
     doc["clip"], doc["held_gpu_updates"] = args.clip, args.held_gpu_updates
     doc["full_recompute"] = args.full_recompute
     doc["update_order"] = args.update_order
+    doc["fused_norm"] = args.fused_norm
     if not args.skip_tests:
         doc["gpu_tests"] = gpu_tests()
         if "parts" in doc:
@@ -376,7 +381,8 @@ def main() -> None:
         print(f"== outcore largest ({layers} layers of the 7b shape)", flush=True)
         r = spawn("outcore", "largest", "7b", 16384, 0,
                   ["--steps", "3", "--warmup", "1", "--gpu-memory", args.gpu_memory,
-                   "--layers", str(layers)], args.timeout * 2)
+                   "--layers", str(layers)] + (["--fused-norm"] if args.fused_norm else []),
+                  args.timeout * 2)
         losses = r.get("losses") or []
         r["loss_falls"] = bool(losses) and losses[-1] < losses[0]
         doc["runs"].append(r | part_of(doc))

@@ -58,3 +58,39 @@ def test_budget_is_kept():
     assert torch.cuda.max_memory_reserved() <= budget
     assert eng.stats.max_blocks_in_flight <= 3
     eng.close()
+
+
+def test_interleaved_device_updates_on_gpu_match_plain_pytorch():
+    """AdamW on the device for groups that alternate with CPU-updated blocks (the
+    'interleave' order's shape: m/v ring buffers reused across a CPU block) equals plain
+    PyTorch in fp32."""
+    model, ref, batches = model_ref_batches("decoder")
+    torch.backends.cuda.matmul.allow_tf32 = False
+    want = plain_steps(ref, batches, None, None)
+    eng = outcore.Engine(model, optimizer=outcore.AdamW(lr=LR, eps=EPS, weight_decay=WD),
+                         device="cuda", compute_dtype=torch.float32, gpu_updates=0)
+    eng.updater.enable([0, 1, 3])
+    got = [eng.train_step(b) for b in batches]
+    for g, w in zip(got, want):
+        assert abs(g - w) <= 1e-5 * abs(w) + 1e-6, (got, want)
+    assert_params_match(eng, ref)
+    eng.close()
+
+
+@pytest.mark.parametrize("dtype,rel", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+def test_fused_norm_on_gpu_trains_like_the_unfused_model(dtype, rel):
+    """DecoderConfig(fused_norm=True) (F.rms_norm, a fused kernel on CUDA) under the engine
+    gives the unfused model's losses: equal in fp32, within bf16 rounding in bf16."""
+    from outcore.models import decoder
+    torch.backends.cuda.matmul.allow_tf32 = False
+    losses = []
+    for fused in (False, True):
+        torch.manual_seed(0)
+        model = decoder("tiny", fused_norm=fused)
+        eng = outcore.Engine(model, optimizer=outcore.AdamW(lr=1e-3), device="cuda",
+                             compute_dtype=dtype)
+        g = torch.Generator().manual_seed(1)
+        x = torch.randint(0, 256, (4, 64), generator=g)
+        losses.append([eng.train_step({"input_ids": x, "labels": x}) for _ in range(3)])
+        eng.close()
+    assert losses[1] == pytest.approx(losses[0], rel=rel)
