@@ -25,6 +25,19 @@ def test_batch_missing_what_the_model_needs():
     eng.close()
 
 
+def test_a_loss_that_is_not_one_number():
+    eng = outcore.Engine(make("sequential"), device="cpu")
+    b = {"input": torch.randn(2, 8), "y": torch.randn(2, 3)}
+    with pytest.raises(OutcoreError) as e:
+        eng.train_step(b, loss_fn=lambda o, b: (o - b["y"]) ** 2)
+    assert "(2, 3)" in one_line(e) and ".mean()" in one_line(e)
+    with pytest.raises(OutcoreError, match="float"):
+        eng.train_step(b, loss_fn=lambda o, b: 1.5)
+    # the engine is still usable after the bad calls
+    assert eng.train_step(b, loss_fn=lambda o, b: ((o - b["y"]) ** 2).mean()) > 0
+    eng.close()
+
+
 def test_batch_without_labels_and_no_loss_fn():
     eng = outcore.Engine(make("decoder"), device="cpu")
     with pytest.raises(OutcoreError) as e:

@@ -226,6 +226,11 @@ class Engine(StepFlow, StepAccounting):
             dev_batch = {k: kwargs[k] if k in kwargs else self.edges.to_device(v)
                          for k, v in batch.items()}
             loss = self._loss(out, dev_batch, loss_fn)
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+            what = f"has shape {tuple(loss.shape)}" if isinstance(loss, torch.Tensor) else \
+                f"is a {type(loss).__name__}"
+            raise OutcoreError(f"the loss {what}, not a tensor of one number: make loss_fn "
+                               "return a scalar tensor (for example with .mean())")
         self.edges.post_loss(loss)
         # Every update of the last step has been waited for by this forward, so holding
         # (clipping) now cannot starve it.
