@@ -14,7 +14,8 @@ from outcore.memory import PinnedPool
 
 
 class FakeEvent:
-    """A timing event whose completion the test decides; elapsed_time in ms."""
+    """A timing event whose completion the test decides; elapsed_time in ms, raising like
+    torch's when an event has not run (it does not wait)."""
 
     def __init__(self, t_ms: float, done: bool = True):
         self.t, self.done = t_ms, done
@@ -22,7 +23,12 @@ class FakeEvent:
     def query(self) -> bool:
         return self.done
 
+    def synchronize(self) -> None:
+        self.done = True
+
     def elapsed_time(self, other: "FakeEvent") -> float:
+        if not (self.done and other.done):
+            raise RuntimeError("CUDA error: device not ready")
         return other.t - self.t
 
 

@@ -83,8 +83,12 @@ class ComputeTimer:
             ends = [b for _, b in marks + waits]
             if not block and not all(b.query() for b in ends):
                 break   # the device has not reached this step's end yet: later steps neither
+            if block:
+                for b in ends:
+                    b.synchronize()   # host sync, asked for: the step's regions must end
             self._steps.pop(0)
-            # elapsed_time syncs on both events: they have run (or block asked to wait)
+            # elapsed_time raises on an event that has not run (it does not wait): every
+            # end event has run here, and each start precedes its end on the same stream
             out.append((sum(a.elapsed_time(b) for a, b in marks) / 1000.0,
                         sum(a.elapsed_time(b) for a, b in waits) / 1000.0))
         return out
