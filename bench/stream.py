@@ -64,6 +64,9 @@ def run_outcore(args) -> dict:
                          gpu_memory=args.gpu_memory, verbose=True)
     eng.runner.tail.enabled = not args.full_recompute
     eng.updater.order = args.update_order   # which groups' AdamW moves to the GPU first
+    if args.tune_updates:
+        from outcore.stream.tune import UpdateTuner
+        eng.updater.tuner = UpdateTuner(eng.updater)
     b = batch(model.cfg.vocab, args.tokens, args.seq)
     times, split, losses = [], [], []
     for i in range(args.warmup + args.steps):
@@ -99,6 +102,7 @@ def run_outcore(args) -> dict:
             "checkpoint_bytes_offloaded": eng.stash.bytes_offloaded,
             "device_updated_params": sum(eng.groups[g].numel for g in eng.updater.groups),
             "clip": args.clip, "held_gpu_updates": args.held_gpu_updates,
+            "update_tuning": eng.updater.tuner.log if eng.updater.tuner else None,
             "deferred_blocks": sorted(eng.deferred.groups),
             "deferred_params": sum(eng.groups[g].numel for g in eng.deferred.groups)}
 
@@ -320,6 +324,9 @@ def main() -> None:
     ap.add_argument("--fused-norm", action="store_true", help="every system's model "
                     "uses F.rms_norm (DecoderConfig.fused_norm) instead of the fp32 "
                     "elementwise RMSNorm")
+    ap.add_argument("--tune-updates", action="store_true", help="outcore hands device-"
+                    "updated groups back to the CPU while the step gets shorter "
+                    "(stream/tune.py; from step 9, about 6 steps a trial: use --warmup 30)")
     ap.add_argument("--update-order", default="tail", choices=["tail", "interleave"],
                     help="outcore: which groups' AdamW moves to the GPU first (A/B of "
                     "DeviceUpdater.order)")
@@ -359,10 +366,12 @@ def main() -> None:
                                                      else []) \
         + (["--full-recompute"] if args.full_recompute else []) \
         + ["--update-order", args.update_order] \
+        + (["--tune-updates"] if args.tune_updates else []) \
         + (["--fused-norm"] if args.fused_norm else [])
     doc["clip"], doc["held_gpu_updates"] = args.clip, args.held_gpu_updates
     doc["full_recompute"] = args.full_recompute
     doc["update_order"] = args.update_order
+    doc["tune_updates"] = args.tune_updates
     doc["fused_norm"] = args.fused_norm
     if not args.skip_tests:
         doc["gpu_tests"] = gpu_tests()

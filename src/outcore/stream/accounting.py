@@ -43,16 +43,22 @@ class StepAccounting:
         due = self.step_count >= 2 and (self.step_count <= 8 or self.step_count % 10 == 0)
         # Feedback (after steps 2..8, then every 10th): the optimizer wait of this step
         # moves AdamW work to the device; `what` says which path for the verbose line.
+        tuner = self.updater.tuner   # opt-in (tune.py): hands groups back while it pays
         for mode, planner, what in ((self.gpu_updates, self.updater, "AdamW of groups"),
                                     (self.held_gpu_updates, self.deferred,
                                      "held AdamW (at the next load) of blocks")):
-            if mode == "auto" and due:
+            paused = planner is self.updater and tuner is not None and tuner.busy()
+            if mode == "auto" and due and not paused:
                 added = planner.plan(self.stats.step_s, self.stats.optimizer_wait_s,
                                      self._cpu_busy_s, self._cpu_params)
                 if added and self.verbose:
                     print(f"outcore: {what} {added} moves to the device (CPU updated "
                           f"{self._cpu_params / 1e6:.0f}M params in {self._cpu_busy_s:.2f} s,"
                           f" step {self.stats.step_s:.2f} s)")
+        if self.gpu_updates == "auto" and tuner is not None:
+            msg = tuner.observe(self.step_count, self.stats.step_s)
+            if msg and self.verbose:
+                print(msg)
         self._cpu_busy_s, self._cpu_params = 0.0, 0
         self.stats.history.append({"step": self.step_count, "loss": loss,
                                    "step_s": self.stats.step_s,

@@ -60,6 +60,7 @@ class DeviceUpdater:
     def __init__(self, engine):
         self.e = engine
         self.order = "tail"
+        self.tuner = None   # tune.UpdateTuner, opt-in: hands groups back while it pays
         self.groups: set[int] = set()
         self._mv: dict[int, tuple[torch.Tensor, torch.Tensor, object, int | None]] = {}
         self._ring = None  # 2 buffers of m|v for blocks (rest's are allocated per step)
