@@ -54,6 +54,7 @@ class UpdateTuner:
         return mean
 
     def _try_next(self) -> str | None:
+        """Start the next trial; what it does, for the verbose line (None: tuning is over)."""
         g = self._last_moved()
         if g is None or self.trials >= self.max_trials:
             self.state = "done"
@@ -62,33 +63,32 @@ class UpdateTuner:
         self.u.groups.discard(g)     # its next gradient goes to the CPU worker
         self.trials += 1
         self.state, self.to_skip = "trial", self.skip
-        return f"outcore: tuning: AdamW of group {g} back to the CPU for a trial"
+        return f"group {g}'s AdamW back to the CPU for a trial"
 
     def observe(self, step: int, step_s: float) -> str | None:
+        said = self._observe(step, step_s)
+        return f"outcore: tuning: {said}" if said else None
+
+    def _observe(self, step: int, step_s: float) -> str | None:
         if self.state == "wait":
             if step >= self.start:
                 self.state, self.to_skip = "base", 0
             return None
+        mean = self._collect(step_s) if self.busy() else None
+        if mean is None:
+            return None
         if self.state == "base":
-            mean = self._collect(step_s)
-            if mean is None:
-                return None
             self.base_s = mean
             return self._try_next()
-        if self.state == "trial":
-            mean = self._collect(step_s)
-            if mean is None:
-                return None
-            kept = mean < self.base_s * (1.0 - self.gain)
-            self.log.append({"group": self.group, "base_s": self.base_s, "trial_s": mean,
-                             "kept": kept})
-            if kept:
-                self.base_s, g = mean, self.group
-                msg = f"outcore: tuning: group {g}'s AdamW stays on the CPU ({mean:.3f} s a step)"
-                nxt = self._try_next()
-                return msg if nxt is None else f"{msg}; {nxt[len('outcore: tuning: '):]}"
+        kept = mean < self.base_s * (1.0 - self.gain)
+        self.log.append({"group": self.group, "base_s": self.base_s, "trial_s": mean,
+                         "kept": kept})
+        if not kept:
             self.u.enable([self.group])  # back to the device: the step was not shorter
             self.state = "done"
-            return (f"outcore: tuning: group {self.group} stays on the device "
-                    f"({mean:.3f} s vs {self.base_s:.3f} s)")
-        return None
+            return (f"group {self.group} stays on the device ({mean:.3f} s vs "
+                    f"{self.base_s:.3f} s a step)")
+        self.base_s = mean
+        said = f"group {self.group}'s AdamW stays on the CPU ({mean:.3f} s a step)"
+        nxt = self._try_next()
+        return said if nxt is None else f"{said}; {nxt}"
