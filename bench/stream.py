@@ -40,12 +40,19 @@ SEQ = 2048
 ALLOC_CONF = ""  # set from --alloc-conf
 
 
-def make_model(size: str, layers: int | None = None, fused_norm: bool = False):
+def make_model(size: str, layers: int | None = None, fused_norm: bool = False,
+               compiled: bool = False):
     from outcore.models import decoder
-    kw = {"max_seq": SEQ, "fused_norm": fused_norm}
+    kw = {"max_seq": SEQ, "fused_norm": fused_norm, "compiled": compiled}
     if layers:
         kw["layers"] = layers
     return decoder(size, **kw)
+
+
+def model_flags(args) -> list[str]:
+    """The model-variant flags every worker gets (the same model for every system)."""
+    return (["--fused-norm"] if args.fused_norm else []) \
+        + (["--compiled"] if args.compiled else [])
 
 
 def batch(vocab: int, tokens: int, seq: int, device="cpu"):
@@ -56,7 +63,7 @@ def batch(vocab: int, tokens: int, seq: int, device="cpu"):
 
 def run_outcore(args) -> dict:
     import outcore
-    model = make_model(args.size, args.layers, args.fused_norm)
+    model = make_model(args.size, args.layers, args.fused_norm, args.compiled)
     n = sum(p.numel() for p in model.parameters())
     eng = outcore.Engine(model, optimizer=outcore.AdamW(lr=1e-4, weight_decay=0.0),
                          device="cuda", micro_batch_size=args.micro or None,
@@ -186,7 +193,7 @@ def _plain_loop(model, opt, args, params) -> dict:
 
 
 def run_pytorch(args) -> dict:
-    model = make_model(args.size, args.layers, args.fused_norm)
+    model = make_model(args.size, args.layers, args.fused_norm, args.compiled)
     n = sum(p.numel() for p in model.parameters())
     for i, layer in enumerate(model.layers):
         model.layers[i] = _Ckpt(layer)
@@ -213,7 +220,7 @@ def run_fsdp2(args) -> dict:
     os.environ.setdefault("MASTER_PORT", "29533")
     dist.init_process_group("nccl", rank=0, world_size=1)
     torch.cuda.set_device(0)
-    model = make_model(args.size, args.layers, args.fused_norm)
+    model = make_model(args.size, args.layers, args.fused_norm, args.compiled)
     n = sum(p.numel() for p in model.parameters())
     for i, layer in enumerate(model.layers):
         model.layers[i] = _Ckpt(layer)
@@ -324,6 +331,9 @@ def main() -> None:
     ap.add_argument("--fused-norm", action="store_true", help="every system's model "
                     "uses F.rms_norm (DecoderConfig.fused_norm) instead of the fp32 "
                     "elementwise RMSNorm")
+    ap.add_argument("--compiled", action="store_true", help="every system's model runs "
+                    "its blocks' elementwise parts through torch.compile "
+                    "(DecoderConfig.compiled)")
     ap.add_argument("--tune-updates", action="store_true", help="outcore hands device-"
                     "updated groups back to the CPU while the step gets shorter "
                     "(stream/tune.py; from step 9, about 6 steps a trial: use --warmup 30)")
@@ -367,12 +377,13 @@ def main() -> None:
         + (["--full-recompute"] if args.full_recompute else []) \
         + ["--update-order", args.update_order] \
         + (["--tune-updates"] if args.tune_updates else []) \
-        + (["--fused-norm"] if args.fused_norm else [])
+        + model_flags(args)
     doc["clip"], doc["held_gpu_updates"] = args.clip, args.held_gpu_updates
     doc["full_recompute"] = args.full_recompute
     doc["update_order"] = args.update_order
     doc["tune_updates"] = args.tune_updates
     doc["fused_norm"] = args.fused_norm
+    doc["compiled"] = args.compiled
     if not args.skip_tests:
         doc["gpu_tests"] = gpu_tests()
         if "parts" in doc:
@@ -390,7 +401,7 @@ def main() -> None:
         print(f"== outcore largest ({layers} layers of the 7b shape)", flush=True)
         r = spawn("outcore", "largest", "7b", 16384, 0,
                   ["--steps", "3", "--warmup", "1", "--gpu-memory", args.gpu_memory,
-                   "--layers", str(layers)] + (["--fused-norm"] if args.fused_norm else []),
+                   "--layers", str(layers)] + model_flags(args),
                   args.timeout * 2)
         losses = r.get("losses") or []
         r["loss_falls"] = bool(losses) and losses[-1] < losses[0]

@@ -77,16 +77,18 @@ def test_interleaved_device_updates_on_gpu_match_plain_pytorch():
     eng.close()
 
 
+@pytest.mark.parametrize("variant", ["fused_norm", "compiled"])
 @pytest.mark.parametrize("dtype,rel", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
-def test_fused_norm_on_gpu_trains_like_the_unfused_model(dtype, rel):
-    """DecoderConfig(fused_norm=True) (F.rms_norm, a fused kernel on CUDA) under the engine
-    gives the unfused model's losses: equal in fp32, within bf16 rounding in bf16."""
+def test_kernel_variants_on_gpu_train_like_the_eager_model(variant, dtype, rel):
+    """DecoderConfig(fused_norm=True) (F.rms_norm, a fused kernel on CUDA) and
+    DecoderConfig(compiled=True) (torch.compile'd elementwise kernels) under the engine give
+    the eager model's losses: equal in fp32, within bf16 rounding in bf16."""
     from outcore.models import decoder
     torch.backends.cuda.matmul.allow_tf32 = False
     losses = []
     for fused in (False, True):
         torch.manual_seed(0)
-        model = decoder("tiny", fused_norm=fused)
+        model = decoder("tiny", **{variant: fused})
         eng = outcore.Engine(model, optimizer=outcore.AdamW(lr=1e-3), device="cuda",
                              compute_dtype=dtype)
         g = torch.Generator().manual_seed(1)

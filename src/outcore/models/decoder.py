@@ -17,6 +17,9 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from ..errors import OutcoreError
+from .kernels import Kernels
+
+_KERNELS = {False: Kernels(compiled=False), True: Kernels(compiled=True)}
 
 
 @dataclass(frozen=True)
@@ -36,6 +39,10 @@ class DecoderConfig:
     # rounding of the weight to bf16 apart under bf16 autocast. Off by default until
     # measured on the GPU (bench/stream.py --fused-norm).
     fused_norm: bool = False
+    # The block's elementwise parts (RMSNorm, residual add + norm, rotary embedding, SwiGLU)
+    # each as one torch.compile'd kernel forward and one backward (models/kernels.py); the
+    # same math as the eager functions. Takes precedence over fused_norm inside blocks.
+    compiled: bool = False
 
     @property
     def head_dim(self) -> int:
@@ -73,10 +80,11 @@ def decoder(size: str, **overrides) -> "Decoder":
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float, fused: bool = False):
+    def __init__(self, dim: int, eps: float, fused: bool = False, compiled: bool = False):
         super().__init__()
         self.eps = eps
-        self.fused = fused
+        self.fused = fused and not compiled
+        self.compiled = compiled
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -85,9 +93,7 @@ class RMSNorm(nn.Module):
             # chosen here (the activations', accumulation in fp32 inside the kernel)
             with torch.autocast(x.device.type, enabled=False):
                 return F.rms_norm(x, (x.shape[-1],), self.weight.to(x.dtype), self.eps)
-        xf = x.float()
-        y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (y * self.weight.float()).to(x.dtype)
+        return _KERNELS[self.compiled].rms_norm(x, self.weight, self.eps)
 
 
 def rope_tables(cfg: DecoderConfig, seq: int, device, dtype):
@@ -100,11 +106,6 @@ def rope_tables(cfg: DecoderConfig, seq: int, device, dtype):
     return emb.cos()[None].to(dtype), emb.sin()[None].to(dtype)
 
 
-def _rotate(x, cos, sin):
-    x1, x2 = x.chunk(2, dim=-1)
-    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
-
-
 class Block(nn.Module):
     """x: B x T x D -> B x T x D (pre-norm attention + SwiGLU MLP, residuals)."""
 
@@ -112,12 +113,12 @@ class Block(nn.Module):
         super().__init__()
         d, hd = cfg.dim, cfg.head_dim
         self.cfg = cfg
-        self.attn_norm = RMSNorm(d, cfg.norm_eps, cfg.fused_norm)
+        self.attn_norm = RMSNorm(d, cfg.norm_eps, cfg.fused_norm, cfg.compiled)
         self.wq = nn.Linear(d, cfg.heads * hd, bias=False)
         self.wk = nn.Linear(d, cfg.kv_heads * hd, bias=False)
         self.wv = nn.Linear(d, cfg.kv_heads * hd, bias=False)
         self.wo = nn.Linear(cfg.heads * hd, d, bias=False)
-        self.mlp_norm = RMSNorm(d, cfg.norm_eps, cfg.fused_norm)
+        self.mlp_norm = RMSNorm(d, cfg.norm_eps, cfg.fused_norm, cfg.compiled)
         self.w1 = nn.Linear(d, cfg.ffn, bias=False)
         self.w3 = nn.Linear(d, cfg.ffn, bias=False)
         self.w2 = nn.Linear(cfg.ffn, d, bias=False)
@@ -125,20 +126,25 @@ class Block(nn.Module):
     def forward(self, x, cos, sin):
         B, T, _ = x.shape
         c = self.cfg
+        kern = _KERNELS[c.compiled]
         h = self.attn_norm(x)
         q = self.wq(h).view(B, T, c.heads, c.head_dim).transpose(1, 2)
         k = self.wk(h).view(B, T, c.kv_heads, c.head_dim).transpose(1, 2)
         v = self.wv(h).view(B, T, c.kv_heads, c.head_dim).transpose(1, 2)
         cos, sin = cos[:, None, :T].to(q.dtype), sin[:, None, :T].to(q.dtype)
-        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+        q, k = kern.rotate(q, cos, sin), kern.rotate(k, cos, sin)
         if c.kv_heads != c.heads:
             rep = c.heads // c.kv_heads
             k = k.repeat_interleave(rep, dim=1)
             v = v.repeat_interleave(rep, dim=1)
         a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.wo(a.transpose(1, 2).reshape(B, T, -1))
-        h = self.mlp_norm(x)
-        return x + self.w2(F.silu(self.w1(h)) * self.w3(h))
+        o = self.wo(a.transpose(1, 2).reshape(B, T, -1))
+        if c.compiled:  # the residual add and the MLP's norm in one kernel
+            x, h = kern.add_rms_norm(x, o, self.mlp_norm.weight, c.norm_eps)
+        else:
+            x = x + o
+            h = self.mlp_norm(x)
+        return x + self.w2(kern.swiglu(self.w1(h), self.w3(h)))
 
 
 def _chunk_loss(h, weight, labels):
@@ -160,7 +166,7 @@ class Decoder(nn.Module):
         self.cfg = cfg
         self.embed = nn.Embedding(cfg.vocab, cfg.dim)
         self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.layers))
-        self.norm = RMSNorm(cfg.dim, cfg.norm_eps, cfg.fused_norm)
+        self.norm = RMSNorm(cfg.dim, cfg.norm_eps, cfg.fused_norm, cfg.compiled)
         self.head = nn.Linear(cfg.dim, cfg.vocab, bias=False)
         if cfg.tie_embeddings:
             self.head.weight = self.embed.weight
