@@ -46,6 +46,20 @@ def header(benchmark: str) -> dict:
             "host_cpus": os.cpu_count(), "runs": []}
 
 
+PART_KEYS = ("command", "commit", "date", "gpus", "torch", "gpu_tests")
+
+
+def join_parts(old: dict, new: dict) -> dict:
+    """`old` (a results document, maybe already in parts) with `new`'s header as one more
+    part; the top-level command, commit, date and torch become the newest part's. The
+    caller tags `new`'s rows with their part index (len(parts) - 1)."""
+    parts = old.get("parts") or [{k: old.get(k) for k in PART_KEYS}]
+    old["parts"] = parts + [{k: new.get(k) for k in PART_KEYS}]
+    for k in ("command", "commit", "date", "torch"):
+        old[k] = new[k]
+    return old
+
+
 def write(doc: dict, name: str) -> Path:
     """bench/results/NAME.json, or NAME itself when it is a path (a temporary name, then a
     rename: a reader never sees half a file)."""

@@ -422,14 +422,11 @@ def appended(doc: dict, name: str) -> dict:
     systems of one case always run in the same part."""
     path = common.RESULTS / f"{name}.json" if os.sep not in name else Path(name)
     if not path.exists():
-        return doc
-    old = json.loads(path.read_text())
-    keys = ("command", "commit", "date", "gpus", "torch", "gpu_tests")
-    parts = old.get("parts") or [{k: old.get(k) for k in keys}]
-    old["parts"] = parts + [{k: doc.get(k) for k in keys}]
-    for k in ("command", "commit", "date", "torch"):
-        old[k] = doc[k]
-    return old
+        # a fresh file would pass for the whole run: say so instead (the GPU machine's
+        # tree holds only what was copied to it; bench/merge_parts.py joins files later)
+        raise SystemExit(f"--append: {path} does not exist; run the first part without "
+                         "--append, or copy its file into the tree first")
+    return common.join_parts(json.loads(path.read_text()), doc)
 
 
 def part_of(doc: dict) -> dict:
