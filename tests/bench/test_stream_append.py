@@ -1,18 +1,22 @@
-"""bench/stream.py --append: a results file filled by several commands keeps each command's
-own header as a part, and each row names the part that measured it."""
+"""bench/stream.py --append and bench/merge_parts.py: a results file filled by several
+commands keeps each command's own header as a part, and each row names the part that
+measured it."""
 
 import importlib.util
 import json
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def load_stream_bench():
+def load_stream_bench(name="stream"):
     sys.path.insert(0, str(ROOT / "bench"))
     try:
-        spec = importlib.util.spec_from_file_location("stream_bench", ROOT / "bench" / "stream.py")
+        spec = importlib.util.spec_from_file_location(f"{name}_bench",
+                                                      ROOT / "bench" / f"{name}.py")
         mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)
         return mod
@@ -35,6 +39,23 @@ def test_append_keeps_each_part(tmp_path):
     assert doc["parts"][0]["gpu_tests"] == {"summary": "11 passed"}
     assert doc["commit"] == "bbb" and len(doc["runs"]) == 1   # the old rows stay
     assert bench.part_of(doc) == {"part": 1}
-    # no file yet: the header as it is
-    doc2 = bench.appended(dict(new, commit="ccc"), str(path.with_name("missing.json")))
-    assert "parts" not in doc2 and bench.part_of(doc2) == {}   # nothing to append to
+    # no file to append to: an error, not a fresh file that passes for the whole run
+    with pytest.raises(SystemExit, match="does not exist"):
+        bench.appended(dict(new, commit="ccc"), str(path.with_name("missing.json")))
+
+
+def test_merge_parts_joins_single_command_files():
+    merge = load_stream_bench("merge_parts").merge
+    head = {"benchmark": "stream", "machine": "nvidia-h200", "torch": "2.11", "gpus": ["H200"]}
+    a = dict(head, command="a", commit="c1", date="d1",
+             runs=[{"system": "outcore", "case": "3b-16k", "step_s": 1.0}])
+    b = dict(head, command="b", commit="c2", date="d2",
+             runs=[{"system": "outcore", "case": "3b-64k", "step_s": 3.0},
+                   {"system": "pytorch", "case": "3b-64k", "step_s": 2.9}])
+    doc = merge([json.loads(json.dumps(d)) for d in (a, b)])
+    assert [p["command"] for p in doc["parts"]] == ["a", "b"]
+    assert [(r["case"], r["part"], r["step_s"]) for r in doc["runs"]] == \
+        [("3b-16k", 0, 1.0), ("3b-64k", 1, 3.0), ("3b-64k", 1, 2.9)]
+    assert doc["commit"] == "c2"
+    with pytest.raises(SystemExit, match="different"):
+        merge([dict(a, runs=[]), dict(b, machine="nvidia-h200x2", runs=[])])
