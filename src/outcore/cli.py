@@ -37,6 +37,9 @@ def _train_parser(sub) -> None:
     p.add_argument("--device", help="auto (default), cpu, cuda or cuda:N")
     p.add_argument("--gpu-memory", help="device memory budget, e.g. 24GiB")
     p.add_argument("--compute-dtype", choices=["auto", "float32", "bfloat16", "tf32"])
+    p.add_argument("--compile-kernels", action="store_true", default=None,
+                   help="reference sizes: the blocks' elementwise parts as torch.compile'd "
+                   "kernels (faster on a GPU; a compile of a few seconds to a minute first)")
     p.add_argument("--seed", type=int)
     p.add_argument("--nproc", type=int, help="data-parallel ranks on this machine (re-runs "
                    "itself under torchrun; host state sharded over them)")

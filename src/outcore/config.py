@@ -39,6 +39,7 @@ class TrainConfig:
     device: str = "auto"              # auto = cuda when present, else cpu
     gpu_memory: str | None = None
     compute_dtype: str = "auto"       # auto | float32 | bfloat16 | tf32
+    compile_kernels: bool = False     # reference sizes: DecoderConfig(compiled=True)
     seed: int = 0
     max_data_bytes: int = 3_000_000   # of the built-in corpus
     generate_tokens: int = 200

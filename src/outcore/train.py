@@ -81,8 +81,12 @@ def build_model(cfg: TrainConfig):
     """(model, tokenizer) for --model: a reference size or a local HF checkpoint dir."""
     if cfg.model in SIZES:
         max_seq = max(SIZES[cfg.model].max_seq, cfg.seq_len)
-        return decoder(cfg.model, max_seq=max_seq), ByteTokenizer()
+        return decoder(cfg.model, max_seq=max_seq, compiled=cfg.compile_kernels), \
+            ByteTokenizer()
     if is_hf_dir(cfg.model):
+        if cfg.compile_kernels:
+            raise OutcoreError("--compile-kernels applies to the reference sizes only: "
+                               f"leave it out for --model {cfg.model}")
         from .hf import load_tokenizer
         if load_tokenizer(cfg.model) is None:  # before any weight is read
             raise OutcoreError(f"--model {cfg.model} has no tokenizer files: add them to the "

@@ -81,3 +81,18 @@ def test_empty_model_allocates_no_parameters(tmp_path):
     params = list(m.parameters())
     assert sum(p.numel() for p in params) > 4e8
     assert all(p.device.type == "meta" for p in params)
+
+
+def test_compile_kernels_is_for_reference_sizes(tmp_path, capsys):
+    """--compile-kernels builds the reference decoder with compiled kernels; with a Hugging
+    Face checkpoint (whose code outcore does not own) it is a one-line error."""
+    model, _ = train.build_model(TrainConfig(model="tiny", compile_kernels=True))
+    assert model.cfg.compiled
+    assert not train.build_model(TrainConfig(model="tiny"))[0].cfg.compiled
+    src = make_checkpoint("llama", tmp_path / "src")
+    capsys.readouterr()
+    rc = main(["train", "--model", str(src), "--compile-kernels", "--max-steps", "1",
+               "--output-dir", str(tmp_path / "o"), "--device", "cpu"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and "--compile-kernels applies to the reference sizes only" in err
+    assert len(err.splitlines()) == 1
