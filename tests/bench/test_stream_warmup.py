@@ -1,0 +1,59 @@
+"""bench/stream.py's outcore worker warms up past --warmup while the planner still moves
+groups' AdamW to the device, so no move lands inside the measured steps."""
+
+import argparse
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from .test_stream_append import load_stream_bench
+
+
+class FakeEngine:
+    """Moves one more group to the device after each step listed in `moves_after`."""
+
+    moves_after: tuple = ()
+
+    def __init__(self, model, **kw):
+        self.n = 0
+        self.runner = SimpleNamespace(tail=SimpleNamespace(enabled=True, skipping=lambda: []))
+        self.updater = SimpleNamespace(order="tail", tuner=None, groups=set())
+        self.stats = SimpleNamespace(compute_s=0.1, copy_wait_s=0.0, optimizer_wait_s=0.0,
+                                     peak_device_bytes=0, alloc_retries=0)
+        self.stash = SimpleNamespace(bytes_offloaded=0)
+        self.deferred = SimpleNamespace(groups=set())
+        self.groups = [SimpleNamespace(numel=10) for _ in range(40)]
+
+    def train_step(self, batch):
+        self.n += 1
+        if self.n in self.moves_after:
+            self.updater.groups.add(len(self.updater.groups))
+        return 1.0 / self.n
+
+    def synchronize(self):
+        pass
+
+    def host_bytes_per_param(self):
+        return 12.0
+
+
+@pytest.mark.parametrize("moves_after,warmup_steps,settled", [
+    ((1, 3), 6, True),           # settled within --warmup: no extra steps
+    ((1, 3, 5, 7), 10, True),    # the last move after step 7: 3 quiet steps more
+    (tuple(range(1, 40)), 6 + 4, False),   # never settles: capped by --max-extra-warmup
+])
+def test_warmup_waits_for_the_planner(monkeypatch, moves_after, warmup_steps, settled):
+    bench = load_stream_bench()
+    import outcore
+    monkeypatch.setattr(outcore, "Engine", type("E", (FakeEngine,), {"moves_after": moves_after}))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda *a: 0)
+    args = argparse.Namespace(size="tiny", layers=None, fused_norm=False, compiled=False,
+                              micro=0, clip=None, held_gpu_updates="0", gpu_memory=None,
+                              full_recompute=False, update_order="tail", tune_updates=False,
+                              tokens=64, seq=16, warmup=6, steps=5, max_extra_warmup=4,
+                              profile=False)
+    r = bench.run_outcore(args)
+    assert r["warmup_steps"] == warmup_steps and r["plan_settled"] is settled
+    assert len(r["losses"]) == warmup_steps + 5
