@@ -108,3 +108,16 @@ def test_the_fused_path_is_the_one_taken(monkeypatch):
     assert calls == []
     fused(**batch())
     assert len(calls) == 2 * fused.cfg.layers + 1
+
+
+def test_a_compiler_failure_is_one_clear_error(monkeypatch):
+    from outcore.errors import OutcoreError
+    from outcore.models import kernels
+
+    def broken_backend(gm, example_inputs):
+        raise RuntimeError("no C++ compiler found\nlong details")
+    monkeypatch.setattr(kernels, "BACKEND", broken_backend)
+    k = kernels.Kernels(compiled=True)
+    with pytest.raises(OutcoreError, match=r"could not build swiglu \(RuntimeError: no C\+\+ "
+                       r"compiler found\).*compiled=False"):
+        k.swiglu(torch.randn(3, 4), torch.randn(3, 4))

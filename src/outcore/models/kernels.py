@@ -14,6 +14,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..errors import OutcoreError
+
+BACKEND = "inductor"   # torch.compile's backend (tests swap in a failing one)
+
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """x: ... x D, weight: D -> ... x D in x's dtype (the statistics in fp32)."""
@@ -63,7 +67,15 @@ def _lazy_compile(fn):
         if compiled is None:
             # dynamic=False: the shapes are fixed within a run (a recompile per new shape
             # is cheaper than symbolic shapes' slower kernels)
-            compiled = torch.compile(fn, dynamic=False)
-        return compiled(*args)
+            compiled = torch.compile(fn, dynamic=False, backend=BACKEND)
+        try:
+            return compiled(*args)
+        except torch._dynamo.exc.BackendCompilerFailed as e:
+            inner = getattr(e, "inner_exception", e)
+            first = (str(inner).strip().splitlines() or [type(inner).__name__])[0]
+            raise OutcoreError(f"compiled kernels: torch.compile could not build "
+                               f"{fn.__name__} ({type(inner).__name__}: {first}); it needs "
+                               "Triton on a GPU or a C++ compiler on the CPU: build the model "
+                               "with compiled=False (no --compile-kernels)") from None
     call.__name__ = fn.__name__
     return call
