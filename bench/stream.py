@@ -69,7 +69,8 @@ def run_outcore(args) -> dict:
     eng = outcore.Engine(model, optimizer=outcore.AdamW(lr=1e-4, weight_decay=0.0),
                          device="cuda", micro_batch_size=args.micro or None,
                          max_grad_norm=args.clip, held_gpu_updates=_held(args),
-                         gpu_memory=args.gpu_memory, verbose=True)
+                         gpu_memory=args.gpu_memory, host_weight_copy=args.host_weight_copy,
+                         verbose=True)
     eng.runner.tail.enabled = not args.full_recompute
     eng.updater.order = args.update_order   # which groups' AdamW moves to the GPU first
     if args.tune_updates:
@@ -353,6 +354,9 @@ def main() -> None:
     ap.add_argument("--tune-updates", action="store_true", help="outcore hands device-"
                     "updated groups back to the CPU while the step gets shorter "
                     "(stream/tune.py; from step 9, about 6 steps a trial: use --warmup 30)")
+    ap.add_argument("--host-weight-copy", action="store_true", help="outcore keeps 16-bit "
+                    "copies of the blocks' weights on the host and loads them where fp32 is "
+                    "not needed (Engine(host_weight_copy=True); +2 B/param of host memory)")
     ap.add_argument("--update-order", default="tail", choices=["tail", "interleave"],
                     help="outcore: which groups' AdamW moves to the GPU first (A/B of "
                     "DeviceUpdater.order)")
@@ -394,11 +398,13 @@ def main() -> None:
         + (["--full-recompute"] if args.full_recompute else []) \
         + ["--update-order", args.update_order] \
         + (["--tune-updates"] if args.tune_updates else []) \
+        + (["--host-weight-copy"] if args.host_weight_copy else []) \
         + model_flags(args)
     doc["clip"], doc["held_gpu_updates"] = args.clip, args.held_gpu_updates
     doc["full_recompute"] = args.full_recompute
     doc["update_order"] = args.update_order
     doc["tune_updates"] = args.tune_updates
+    doc["host_weight_copy"] = args.host_weight_copy
     doc["fused_norm"] = args.fused_norm
     doc["compiled"] = args.compiled
     if not args.skip_tests:

@@ -96,3 +96,26 @@ def test_kernel_variants_on_gpu_train_like_the_eager_model(variant, dtype, rel):
         losses.append([eng.train_step({"input_ids": x, "labels": x}) for _ in range(3)])
         eng.close()
     assert losses[1] == pytest.approx(losses[0], rel=rel)
+
+
+def test_host_weight_copy_on_gpu_trains_like_without():
+    """Engine(host_weight_copy=True) in bf16, with device-updated groups among CPU-updated
+    ones (the device casts and writes back their 16-bit copies): the losses of the engine
+    without copies, and the same master weights, within run-to-run kernel noise."""
+    from outcore.models import decoder
+    runs = []
+    for copies in (False, True):
+        torch.manual_seed(0)
+        eng = outcore.Engine(decoder("tiny"), optimizer=outcore.AdamW(lr=1e-3),
+                             device="cuda", compute_dtype=torch.bfloat16, gpu_updates=0,
+                             host_weight_copy=copies)
+        eng.updater.enable([0, 1, 3])
+        g = torch.Generator().manual_seed(1)
+        x = torch.randint(0, 256, (4, 64), generator=g)
+        losses = [eng.train_step({"input_ids": x, "labels": x}) for _ in range(4)]
+        runs.append((losses, [p.detach().clone() for p in eng.model.parameters()]))
+        eng.close()
+    (l0, p0), (l1, p1) = runs
+    assert l1 == pytest.approx(l0, rel=1e-3)
+    for a, b in zip(p0, p1):
+        assert torch.allclose(a, b, rtol=1e-3, atol=1e-5)

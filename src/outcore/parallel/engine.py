@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import torch
 
+from ..errors import OutcoreError
 from ..stream.engine import Engine
 from .comm import Comm
 from .launch import local_device, watchdog
@@ -40,6 +41,9 @@ class ShardedEngine(Engine):
         kwargs.pop("distributed", None)
         kwargs["gpu_updates"] = 0
         kwargs["held_gpu_updates"] = 0   # like gpu_updates: off when the ranks shard updates
+        if kwargs.get("host_weight_copy"):
+            raise OutcoreError("host_weight_copy=True is for one process: leave it off "
+                               "when distributed")
         self.label_shift = label_shift
         self._loss_weight = 1.0
         self._snapshot = False

@@ -42,6 +42,10 @@ class ShardedHost:
                 p.data = placeholder(p)  # frees the full copy: only the shard stays
             self.master.append(pin_(shard) if pin and s else shard)
         self.grad_pool = PinnedPool(pin=pin)
+        self.copy = [None] * len(groups)   # no 16-bit copies of shards (Engine checks)
+
+    def refresh(self, g: int) -> None:
+        """Nothing to bring up to date: shards keep no 16-bit copies."""
 
     def bounds(self, g: int) -> tuple[int, int]:
         """[lo, hi) of this rank's slice of group g's padded flat buffer."""

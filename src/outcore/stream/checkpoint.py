@@ -91,6 +91,7 @@ def load(cls, path, model, **kwargs):
     for i, m in enumerate(engine.host.master):
         if m.numel():
             m.copy_(master[f"group.{i}"])
+            engine.host.refresh(i)   # the 16-bit copy was made from the model's weights
     opt = load_file(str(path / "optim.safetensors"))
     for i in range(len(engine.groups)):
         st = {k.split(".", 2)[2]: v for k, v in opt.items() if k.startswith(f"group.{i}.")}

@@ -1,7 +1,8 @@
 """The device side of streaming: a few slots that hold the blocks in flight.
 
 Slots are flat fp32 device buffers of the largest block's size, allocated once and reused
-for every block (allocation churn of GB-sized buffers would fragment the caching allocator).
+for every block; a slot may instead hold a block's 16-bit host copy (storage.py) in the
+first half of its bytes (allocation churn of GB-sized buffers would fragment the caching allocator).
 A block is copied host->device into a free slot on the h2d stream; compute waits on that
 copy's event; when compute is done with it the slot records an event that the next copy
 into the same slot waits on. Nothing here blocks the host.
@@ -23,6 +24,7 @@ class _Slot:
     buf: torch.Tensor           # fp32, max block numel
     group: int = -1             # which group's weights it holds (-1: none)
     version: int = -1           # the group's master version those weights are from
+    dtype: torch.dtype = torch.float32   # of the weights it holds (fp32 or a 16-bit copy)
     ready: object = None        # event: the h2d copy into buf finished
     free_after: object = None   # event: the last compute that read buf finished
     read_back: object = None    # event: the last device->host copy that read buf finished
@@ -55,23 +57,28 @@ class DeviceCache:
     def bytes(self) -> int:
         return sum(s.buf.numel() * 4 for s in self.slots) + self.rest.numel() * 4
 
-    def _find(self, g: int) -> _Slot | None:
+    def _find(self, g: int, dtype=torch.float32) -> _Slot | None:
         for s in self.slots:
-            if s.group == g and s.version == self.versions[g]:
+            if s.group == g and s.version == self.versions[g] and s.dtype == dtype:
                 return s
         return None
+
+    def holds(self, g: int, dtype) -> bool:
+        """Whether a slot holds group g's current weights in `dtype`."""
+        return self._find(g, dtype) is not None
 
     def _count_in_flight(self) -> None:
         n = sum(1 for s in self.slots if s.group >= 0 and s.version == self.versions[s.group])
         self.max_in_flight = max(self.max_in_flight, n)
 
     def prefetch(self, g: int, master: torch.Tensor, after=None) -> None:
-        """Start copying group g's master weights into a slot (no-op if already there).
+        """Start copying group g's host weights into a slot (no-op if already there).
 
-        The caller must have ensured the host master is final (its pending CPU update
-        done); `after` is the event of a pending device->host write of it, if any.
+        master: the fp32 master or its 16-bit copy; the slot then holds that dtype. The
+        caller must have ensured it is final (its pending CPU update done); `after` is the
+        event of a pending device->host write of it, if any.
         """
-        if g <= 0 or g >= len(self.numels) or self._find(g) is not None:
+        if g <= 0 or g >= len(self.numels) or self._find(g, master.dtype) is not None:
             return
         free = [s for s in self.slots if not s.pinned]
         if not free:
@@ -89,10 +96,11 @@ class DeviceCache:
             self.lanes.wait(self.lanes.h2d, s.read_back)
             # Stream wait: a device-side update of g may still be writing the host master.
             self.lanes.wait(self.lanes.h2d, after)
-            s.read_back = self.fill(g, s.buf[:n], master)
+            dst = s.buf if master.dtype == torch.float32 else s.buf.view(master.dtype)
+            s.read_back = self.fill(g, dst[:n], master)
             s.ready = self.lanes.event(self.lanes.h2d)
-        s.group, s.version = g, self.versions[g]
-        self.bytes_h2d += n * 4
+        s.group, s.version, s.dtype = g, self.versions[g], master.dtype
+        self.bytes_h2d += n * master.element_size()
         self._count_in_flight()
 
     def fill(self, g: int, dst: torch.Tensor, master: torch.Tensor):
@@ -104,11 +112,12 @@ class DeviceCache:
         return None
 
     def acquire(self, g: int, master: torch.Tensor, after=None) -> torch.Tensor:
-        """Group g's weights on the device (fp32, flat), usable on the compute stream."""
-        s = self._find(g)
+        """Group g's weights on the device (flat, in `master`'s dtype: the fp32 master or
+        its 16-bit copy), usable on the compute stream."""
+        s = self._find(g, master.dtype)
         if s is None:
             self.prefetch(g, master, after)
-            s = self._find(g)
+            s = self._find(g, master.dtype)
             if s is None:
                 raise RuntimeError("outcore: no free device slot (internal error)")
         # Stream wait: compute may not read the slot before its h2d copy has landed.
@@ -116,7 +125,8 @@ class DeviceCache:
         s.pinned = True
         self._tick += 1
         self._lru[id(s)] = self._tick
-        return s.buf[: self.numels[g]]
+        buf = s.buf if s.dtype == torch.float32 else s.buf.view(s.dtype)
+        return buf[: self.numels[g]]
 
     def release(self, g: int, free_after=None) -> None:
         """Compute has enqueued its last use of group g's slot (or `free_after`: the event
@@ -133,7 +143,8 @@ class DeviceCache:
             self.rest_version = self.versions[0]
         for s in self.slots:
             if s.group == g:
-                s.version = self.versions[g]
+                # the fp32 slot was updated; a 16-bit copy of the old weights is stale
+                s.version = self.versions[g] if s.dtype == torch.float32 else -1
 
     def acquire_rest(self, master: torch.Tensor) -> torch.Tensor:
         """The `rest` group on the device, reloaded when its master changed."""

@@ -7,7 +7,8 @@ groups chosen here the update runs on the device instead, right after the group'
 backward, on the fp32 weights already in its slot:
   h2d  m, v (8 B/param, prefetched with the weights for backward)
   dev  fused AdamW (found_inf skips it on a non-finite gradient, no host sync)
-  d2h  weights, m, v (12 B/param) into the pinned host buffers
+  d2h  weights, m, v (12 B/param) into the pinned host buffers, and the weights' 16-bit
+       copy (2 B/param) when the engine keeps one on the host (host_weight_copy)
 The next h2d read of that group's master waits on the d2h event (`ready(g)`).
 Groups are taken from the end of backward (rest, block 1, 2, ...): their gradients arrive
 last, so on the CPU they would be the tail that the next forward waits for.
@@ -64,6 +65,7 @@ class DeviceUpdater:
         self.groups: set[int] = set()
         self._mv: dict[int, tuple[torch.Tensor, torch.Tensor, object, int | None]] = {}
         self._ring = None  # 2 buffers of m|v for blocks (rest's are allocated per step)
+        self._ring16 = None  # 2 buffers for the 16-bit copies of updated blocks
         self.ready_events: dict[int, object] = {}
         self.bytes_h2d = 0
         self.bytes_d2h = 0
@@ -88,6 +90,9 @@ class DeviceUpdater:
                     from .ring import Ring
                     block = self.e.cache.slots[0].buf.numel()
                     self._ring = Ring(self.e.lanes, 2, 2 * block)
+                    if self.e.host.copy[g] is not None:
+                        self._ring16 = Ring(self.e.lanes, 2, block, self.e.compute_dtype)
+                        grew += self._ring16.bytes()
         grew += (self._ring.bytes() if self._ring is not None else 0) - before
         if grew and getattr(self.e, "_other_peak", None) is not None:
             # The next step's checkpoint limit comes from this step's measured peak, which
@@ -161,13 +166,23 @@ class DeviceUpdater:
             v.record_stream(lanes.compute)
         found_inf = (~torch.isfinite(sq)).float().reshape(())
         e.opt.device_step(g, w32, grad, m, v, found_inf)
+        copy = e.host.copy[g]
+        if copy is not None:   # the host's 16-bit copy, cast here where the weights are
+            i16, w16 = self._ring16.take()
+            w16 = w16[:w32.numel()]
+            w16.copy_(w32)
         with lanes.on(lanes.d2h):
             # Stream wait: the update is enqueued on the compute stream.
             lanes.wait(lanes.d2h, lanes.event())
             e.host.master[g].copy_(w32, non_blocking=True)
             e.opt.m[g].copy_(m, non_blocking=True)
             e.opt.v[g].copy_(v, non_blocking=True)
+            if copy is not None:
+                copy.copy_(w16, non_blocking=True)
             done = lanes.event(lanes.d2h)
+        if copy is not None:
+            self._ring16.give(i16, done)   # buffer reuse: after the d2h copy read it
+            self.bytes_d2h += copy.numel() * copy.element_size()
         if ring_i is not None:
             self._ring.give(ring_i, done)  # buffer reuse: after the d2h copy read m, v
         if lanes.cuda:

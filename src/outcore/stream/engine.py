@@ -41,7 +41,7 @@ from .runner import BlockRunner
 from .schedule import UpdateSchedule
 from .stash import ActivationStash
 from .stats import ComputeTimer, StepStats
-from .validate import check_batch, forward_kwargs, resolve_device
+from .validate import check_batch, check_copy_option, forward_kwargs, resolve_device
 
 
 class Engine(StepFlow, StepAccounting):
@@ -52,7 +52,8 @@ class Engine(StepFlow, StepAccounting):
                  max_grad_norm: float | None = None, gpu_memory: str | int | None = None,
                  blocks: str | None = None, gpu_updates: int | str | None = "auto",
                  skip_nonfinite: bool = False, distributed: bool | None = None,
-                 held_gpu_updates: int | str | None = 0, verbose: bool = False):
+                 held_gpu_updates: int | str | None = 0, host_weight_copy: bool = False,
+                 verbose: bool = False):
         self.device = resolve_device(device)
         if compute_dtype is None:
             compute_dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
@@ -85,6 +86,10 @@ class Engine(StepFlow, StepAccounting):
             print(f"outcore: page-locking {n * 4 / 2**30:.1f} GiB of fp32 master weights "
                   "(about 0.5 s per GiB, once)", flush=True)
         self.host = self._host_state()
+        if host_weight_copy:
+            check_copy_option(self, held_gpu_updates)
+            self.host.keep_copies(compute_dtype)
+        self._host_changed = False   # set by .model: the caller may have edited weights
         self.opt = GroupOptimizers(self.host.master, self.optimizer_config)
         self.cache = self._device_cache()
         # Gradient buffers of the blocks, as large as a slot, reused in turn (ring.py).
@@ -149,8 +154,10 @@ class Engine(StepFlow, StepAccounting):
     # -- the user's view ---------------------------------------------------------
     @property
     def model(self) -> nn.Module:
-        """The user's module, its parameters the current fp32 masters (waits for updates)."""
+        """The user's module, its parameters the current fp32 masters (waits for updates).
+        Edits to them are seen by the next train_step, which reloads every group."""
         self.synchronize()
+        self._host_changed = True
         return self._model
 
     def synchronize(self) -> None:
@@ -189,6 +196,11 @@ class Engine(StepFlow, StepAccounting):
         self._nonfinite_groups: list[int] = []
         self.stats.optimizer_wait_s = 0.0
         self._sq.clear()
+        if self._host_changed:   # .model was handed out: its weights may have been edited
+            self._host_changed = False
+            for g in range(len(self.groups)):
+                self.host.refresh(g)
+                self.cache.invalidate(g)
         self.stash.limit = self._stash_limit()
         if self.lanes.cuda:
             torch.cuda.reset_peak_memory_stats(self.device)

@@ -59,17 +59,31 @@ class StepFlow:
             if state[1] is not None:
                 torch.cuda.set_rng_state(state[1], self.device)
 
+    def weight_source(self, g: int, backward: bool) -> torch.Tensor:
+        """The host weights a pass of group g loads: its 16-bit copy when the engine keeps
+        one (host_weight_copy) and the pass needs no fp32 weights, else the fp32 master.
+        Only a device-side AdamW needs them: in the backward of a device-updated group."""
+        copy = self.host.copy[g]
+        if copy is None or (backward and g in self.updater.groups):
+            return self.host.master[g]
+        if self.cache.holds(g, torch.float32):
+            # current fp32 weights already on the device (a device-side update in place,
+            # the last blocks of backward): cast them there rather than wait for the copy's
+            # round trip through the host
+            return self.host.master[g]
+        return copy
+
     def prefetch_forward(self, g: int) -> None:
         if g < len(self.groups):
             t = time.perf_counter()
             self.schedule.wait(g)  # host wait: block g's update from the last step
             self.stats.optimizer_wait_s += time.perf_counter() - t
-            self.cache.prefetch(g, self.host.master[g], self.host_ready.get(g))
+            self.cache.prefetch(g, self.weight_source(g, False), self.host_ready.get(g))
 
     def prefetch_backward(self, g: int) -> None:
         if g >= 1:
             # `after`: a device-side update's write-back of g's master may be in flight
-            self.cache.prefetch(g, self.host.master[g], self.host_ready.get(g))
+            self.cache.prefetch(g, self.weight_source(g, True), self.host_ready.get(g))
             self.stash.prefetch(g)
         self.updater.prefetch(g)
         if 0 in self.updater.groups and g == self.updater.rest_lead():
@@ -127,6 +141,7 @@ class StepFlow:
         t = time.perf_counter()
         if self.nonfinite_check(g, hsq):
             self.opt.step(g, hbuf, scale)
+            self.host.refresh(g)   # the 16-bit copy, if kept, before the next load waits
         self._cpu_busy_s += time.perf_counter() - t
         self._cpu_params += hbuf.numel()
         self.host.grad_pool.put(hbuf)

@@ -34,13 +34,15 @@ def describe(engine) -> str:
     """A few lines: where everything lives and the bytes per parameter."""
     n = engine.num_params
     numels = [g.numel for g in engine.groups]
+    copies = sum(c.numel() * c.element_size() for c in engine.host.copy if c is not None)
     lines = [
         f"outcore plan: {n / 1e6:.1f}M params in {len(numels) - 1} blocks "
         f"(largest {max(numels[1:], default=0) / 1e6:.1f}M) + {numels[0] / 1e6:.1f}M resident "
         f"[{engine.blocks_path or 'model'}]",
         f"  host:   fp32 master 4 B/param + AdamW m,v 8 B/param"
         f"{' + held gradients 4 B/param' if engine.hold_updates else ''}"
-        f" = {fmt_bytes(n * (16 if engine.hold_updates else 12))}",
+        f"{' + 16-bit copies of the blocks 2 B/param' if copies else ''}"
+        f" = {fmt_bytes(n * (16 if engine.hold_updates else 12) + copies)}",
         f"  device: {engine.device}, compute {str(engine.compute_dtype).replace('torch.', '')}, "
         f"3 block slots + resident = {fmt_bytes(fixed_device_bytes(engine))} fixed"
         + (f", budget {fmt_bytes(engine.gpu_memory)}" if engine.gpu_memory else ""),

@@ -108,11 +108,14 @@ class BlockRunner:
         self.tuple_len[g] = n
         return t
 
-    def _weights(self, g: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Group g's weights: (fp32 slot, compute-dtype view or cast; one cast per pass)."""
-        w32 = self.e.cache.acquire(g, self.e.host.master[g], self.e.host_ready.get(g))
-        w = w32 if self.e.compute_dtype == torch.float32 else w32.to(self.e.compute_dtype)
-        return w32, w
+    def _weights(self, g: int, backward: bool):
+        """Group g's weights: (fp32 slot or None, compute-dtype view or cast; one cast per
+        pass). None: the slot holds the 16-bit host copy (flow.weight_source)."""
+        src = self.e.weight_source(g, backward)
+        w = self.e.cache.acquire(g, src, self.e.host_ready.get(g))
+        if w.dtype != torch.float32:
+            return None, w
+        return w, (w if self.e.compute_dtype == torch.float32 else w.to(self.e.compute_dtype))
 
     # -- forward ----------------------------------------------------------------
     def forward_block(self, g: int, hidden: torch.Tensor, extra):
@@ -121,7 +124,7 @@ class BlockRunner:
         # g (a model that skips or reorders blocks, like layer drop): loading g's master
         # while the CPU worker still writes it would train on half-updated weights.
         e.prefetch_forward(g)
-        _, w = self._weights(g)
+        _, w = self._weights(g, backward=False)
         B = hidden.shape[0]
         n, size = n_micro(B, e.micro_batch_size)
         hs = split_like(hidden, B, n, size)
@@ -145,7 +148,7 @@ class BlockRunner:
                        input_grad: bool = True):
         e = self.e
         hidden = e.stash.take(g)
-        w32, w = self._weights(g)
+        w32, w = self._weights(g, backward=True)
         # Prefetch block g-1's weights and checkpoint while this block computes.
         e.prefetch_backward(g - 1)
         B = hidden.shape[0]

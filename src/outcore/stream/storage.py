@@ -7,6 +7,9 @@ Per group g (numel n_g):
   grad[g]:   n_g fp32, pinned, landing buffer for the device->host gradient copy; one per
              group when the step must wait for the global norm (clipping), else a small
              ring shared by all groups (the update of a group frees its buffer)
+  copy[g]:   n_g in the compute dtype (16-bit), pinned, blocks only, when the engine keeps
+             host copies (Engine(host_weight_copy=True)): what a pass that does not need
+             fp32 weights loads (half the bytes over PCIe); refreshed after every update
 AdamW m and v live in the optimizer (see optimizer.py), also flat per group.
 """
 
@@ -36,6 +39,21 @@ class HostState:
                 p.data = view
             self.master.append(flat)
         self.grad_pool = PinnedPool(pin=pin)
+        self.copy: list[torch.Tensor | None] = [None] * len(groups)
+
+    def keep_copies(self, dtype: torch.dtype) -> None:
+        """Hold a `dtype` copy of every block's master (not group 0's, which stays on the
+        device), pinned, and fill it now."""
+        for g in self.groups[1:]:
+            c = torch.empty(g.numel, dtype=dtype)
+            self.copy[g.index] = pin_(c) if self.pin else c
+            self.refresh(g.index)
+
+    def refresh(self, g: int) -> None:
+        """Group g's master changed on the host: bring its 16-bit copy up to date (the same
+        round-to-nearest-even cast the device makes of the fp32 weights)."""
+        if self.copy[g] is not None:
+            self.copy[g].copy_(self.master[g])
 
     @property
     def numel(self) -> int:
@@ -46,4 +64,6 @@ class HostState:
         return [flat[o:o + p.numel()].view(p.shape) for p, o in zip(g.params, g.offsets)]
 
     def bytes(self) -> int:
-        return sum(m.numel() * 4 for m in self.master) + self.grad_pool.bytes_allocated
+        copies = sum(c.numel() * c.element_size() for c in self.copy if c is not None)
+        return sum(m.numel() * 4 for m in self.master) + copies + \
+            self.grad_pool.bytes_allocated

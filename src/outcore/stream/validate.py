@@ -75,3 +75,14 @@ def forward_kwargs(params, batch: dict, to_device) -> dict:
     if "use_cache" in names and "use_cache" not in out:
         out["use_cache"] = False
     return out
+
+
+def check_copy_option(engine, held_gpu_updates) -> None:
+    """Engine(host_weight_copy=True): 16-bit compute, one process, no held device updates."""
+    if engine.compute_dtype.itemsize != 2:
+        raise OutcoreError("host_weight_copy=True keeps 16-bit copies for a 16-bit compute "
+                           f"dtype, not {engine.compute_dtype}: use compute_dtype="
+                           "torch.bfloat16 or leave host_weight_copy off")
+    if held_gpu_updates not in (None, 0, "off"):
+        raise OutcoreError("host_weight_copy=True cannot be combined with held_gpu_updates "
+                           "(those updates need the fp32 weights at every load)")

@@ -1,0 +1,83 @@
+"""Engine(host_weight_copy=True): a 16-bit copy of each block's weights on the host, loaded
+by every pass that needs no fp32 weights. The casts match the device's (round to nearest
+even), so training is bit-for-bit the same as without the copies, with half the weight
+bytes loaded; edits through engine.model and checkpoints keep the copies current."""
+
+import copy
+
+import pytest
+import torch
+
+import outcore
+from outcore.errors import OutcoreError
+from outcore.models import decoder
+
+BF16 = torch.bfloat16
+
+
+def batch(seed=1):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randint(0, 256, (4, 32), generator=g)
+    return {"input_ids": x, "labels": x}
+
+
+def engine(model, copies, device_groups=(), **kw):
+    eng = outcore.Engine(copy.deepcopy(model), optimizer=outcore.AdamW(lr=1e-2),
+                         device="cpu", compute_dtype=BF16, host_weight_copy=copies, **kw)
+    eng.updater.enable(list(device_groups))
+    return eng
+
+
+@pytest.fixture
+def model():
+    torch.manual_seed(0)
+    return decoder("tiny")
+
+
+@pytest.mark.parametrize("device_groups", [(), (0, 2)])
+def test_same_training_half_the_weight_bytes(model, device_groups):
+    plain, kept = engine(model, False, device_groups), engine(model, True, device_groups)
+    for s in range(3):
+        assert kept.train_step(batch(s)) == plain.train_step(batch(s))
+    for (n, a), b in zip(plain.model.named_parameters(), kept.model.parameters()):
+        assert torch.equal(a, b), n
+    if not device_groups:   # every block pass loads the 16-bit copy; rest stays fp32,
+        rest = 3 * plain.groups[0].numel * 4   # reloaded once a step after its CPU update
+        assert 2 * kept.cache.bytes_h2d - plain.cache.bytes_h2d == rest
+    else:                   # but a device-updated block's backward loads fp32
+        assert plain.cache.bytes_h2d / 2 < kept.cache.bytes_h2d < plain.cache.bytes_h2d
+    assert kept.host_bytes_per_param() > plain.host_bytes_per_param()
+
+
+@pytest.mark.parametrize("copies", [False, True])
+@pytest.mark.parametrize("device_groups", [(), (0, 2)])
+def test_edits_through_model_are_trained_on(model, copies, device_groups):
+    """Weights edited through engine.model (a block's and the resident embedding's) are
+    what the next step trains: its loss is a fresh engine's on the edited model (rest
+    updated on the device stays resident: it too is reloaded)."""
+    eng = engine(model, copies, device_groups)
+    eng.train_step(batch())
+    with torch.no_grad():
+        eng.model.layers[1].w1.weight.mul_(-1.0)
+        eng.model.embed.weight.add_(0.5)
+    edited = copy.deepcopy(eng.model)
+    fresh = engine(edited, copies, device_groups)
+    assert eng.train_step(batch(2)) == fresh.train_step(batch(2))
+
+
+def test_checkpoint_round_trip_refreshes_the_copies(model, tmp_path):
+    a = engine(model, True)
+    a.train_step(batch(0))
+    a.save(tmp_path / "ck")
+    want = a.train_step(batch(1))
+    b = outcore.Engine.load(tmp_path / "ck", copy.deepcopy(model), device="cpu",
+                            compute_dtype=BF16, host_weight_copy=True)
+    assert b.train_step(batch(1)) == want
+
+
+def test_bad_combinations_are_one_line_errors(model):
+    with pytest.raises(OutcoreError, match="16-bit compute dtype"):
+        outcore.Engine(copy.deepcopy(model), device="cpu", host_weight_copy=True)
+    with pytest.raises(OutcoreError, match="held_gpu_updates"):
+        outcore.Engine(copy.deepcopy(model), device="cpu", compute_dtype=BF16,
+                       max_grad_norm=1.0, held_gpu_updates=2, host_weight_copy=True)
