@@ -196,11 +196,7 @@ class Engine(StepFlow, StepAccounting):
         self._nonfinite_groups: list[int] = []
         self.stats.optimizer_wait_s = 0.0
         self._sq.clear()
-        if self._host_changed:   # .model was handed out: its weights may have been edited
-            self._host_changed = False
-            for g in range(len(self.groups)):
-                self.host.refresh(g)
-                self.cache.invalidate(g)
+        self.reload_if_edited()
         self.stash.limit = self._stash_limit()
         if self.lanes.cuda:
             torch.cuda.reset_peak_memory_stats(self.device)

@@ -73,6 +73,16 @@ class StepFlow:
             return self.host.master[g]
         return copy
 
+    def reload_if_edited(self) -> None:
+        """After .model was handed out (its weights may have been edited in place): bring
+        the 16-bit host copies up to date and drop every device copy, so this step loads
+        what the user left there (a device-updated `rest` would otherwise stay resident)."""
+        if self._host_changed:
+            self._host_changed = False
+            for g in range(len(self.groups)):
+                self.host.refresh(g)
+                self.cache.invalidate(g)
+
     def prefetch_forward(self, g: int) -> None:
         if g < len(self.groups):
             t = time.perf_counter()
