@@ -190,7 +190,7 @@ def run(cfg: TrainConfig, loss_fn=None, return_model: bool = False) -> dict:
     micro = cfg.micro_batch_size or (cfg.batch_size if cfg.grad_accum > 1 else None)
     kw = dict(device=device, compute_dtype=_dtype(cfg, device), micro_batch_size=micro,
               max_grad_norm=cfg.max_grad_norm, gpu_memory=cfg.gpu_memory,
-              skip_nonfinite=True, verbose=True)
+              skip_nonfinite=True, host_weight_copy=cfg.host_weight_copy, verbose=True)
     engine = _resume(cfg, out_dir, model, data, global_batch, kw) if cfg.resume else None
     if engine is None:
         opt = AdamW(lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, weight_decay=cfg.weight_decay)

@@ -106,3 +106,16 @@ def test_resume_refuses_other_data(tmp_path, corpus):
         train.run(_cfg(tmp_path, other, max_steps=3, resume=True))
     with pytest.raises(OutcoreError, match="same --batch-size x --grad-accum"):
         train.run(_cfg(tmp_path, corpus, max_steps=3, resume=True, batch_size=2))
+
+
+def test_host_weight_copy_trains_the_same_model(tmp_path, corpus):
+    """--host-weight-copy (bf16 compute, clipping held updates): the same weights as
+    without it; with fp32 compute it is a one-line error."""
+    kw = dict(compute_dtype="bfloat16", max_steps=3)
+    a = train.run(_cfg(tmp_path / "a", corpus, host_weight_copy=True, **kw),
+                  return_model=True)["model"]
+    b = train.run(_cfg(tmp_path / "b", corpus, **kw), return_model=True)["model"]
+    for (n, p), (_, q) in zip(a.named_parameters(), b.named_parameters()):
+        assert torch.equal(p, q), n
+    with pytest.raises(OutcoreError, match="16-bit compute dtype"):
+        train.run(_cfg(tmp_path / "c", corpus, host_weight_copy=True, max_steps=1))
