@@ -20,6 +20,8 @@ def register(sub) -> None:
     p.add_argument("--compute-dtype", choices=["bfloat16", "float32"], default="bfloat16")
     p.add_argument("--no-clip", action="store_true", help="no gradient clipping: 12 host "
                    "B/param instead of 16")
+    p.add_argument("--host-weight-copy", action="store_true", help="16-bit copies of the "
+                   "weights on the host (+2 B/param; bfloat16 only)")
     p.add_argument("--device", default="auto", help="device to calibrate: auto, cpu, cuda:N")
     p.add_argument("--no-calibrate", action="store_true", help="skip the step-time estimate")
     p.set_defaults(func=_run)
@@ -43,7 +45,8 @@ def _run(args) -> int:
     calib = None if args.no_calibrate else calibrate(device, dtype)
     plan = make_plan(shape, tokens_per_step=args.tokens_per_step, micro_tokens=args.micro_tokens,
                      gpu_limit=gpu, host_limit=host, clip=not args.no_clip,
-                     compute_itemsize=dtype.itemsize, calib=calib)
+                     compute_itemsize=dtype.itemsize, calib=calib,
+                     host_copy=args.host_weight_copy and dtype.itemsize == 2)
     if calib is not None:
         h2d = f", host->device {calib.h2d / 1e9:.1f} GB/s" if calib.h2d else ""
         print(f"calibration ({device}): matmul {calib.flops / 1e12:.2f} TFLOP/s "

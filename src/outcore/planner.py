@@ -116,6 +116,8 @@ class Plan:
     checkpoint_bytes: int   # block-boundary activations: on the device while they fit
     gpu_limit: int | None
     step_s: dict | None = None
+    held_grads: bool = True    # clipping: gradients held on the host until the norm is known
+    host_copy: bool = False    # 16-bit copies of the weights on the host
 
     @property
     def device_bytes(self) -> int:
@@ -165,7 +167,8 @@ class Plan:
             f"{s.block_params / 1e6:,.2f}M + {s.rest_params / 1e6:,.2f}M resident "
             f"(embeddings, head)",
             f"host:   {self.host_bytes_per_param} B/param (fp32 master 4 + AdamW m,v 8"
-            f"{' + held gradients 4 for clipping' if self.host_bytes_per_param == 16 else ''}) "
+            f"{' + held gradients 4 for clipping' if self.held_grads else ''}"
+            f"{' + 16-bit weight copies 2' if self.host_copy else ''}) "
             f"= {fmt_bytes(self.host_state_bytes)}"
             + (f" of {fmt_bytes(self.host_limit)}: {host}" if self.host_limit else ""),
             f"device: 3 block slots + resident = {fmt_bytes(self.device_fixed_bytes)}, "
@@ -186,8 +189,12 @@ class Plan:
 
 def make_plan(shape: ModelShape, *, tokens_per_step: int, micro_tokens: int | None = None,
               gpu_limit: int | None = None, host_limit: int | None = None, clip: bool = True,
-              compute_itemsize: int = 2, calib: Calibration | None = None) -> Plan:
+              compute_itemsize: int = 2, calib: Calibration | None = None,
+              host_copy: bool = False) -> Plan:
     """Bytes (and with `calib`, seconds) of one step.
+
+    host_copy: the engine keeps 16-bit copies of the weights on the host (+2 B/param) and
+    loads them instead of the fp32 masters (2 B/param a pass, not 4).
 
     micro_tokens None: the whole step when it fits `gpu_limit`, else the largest halving
     of it (down to one 1024-token piece) whose working set fits.
@@ -211,12 +218,13 @@ def make_plan(shape: ModelShape, *, tokens_per_step: int, micro_tokens: int | No
             micro = max(1024, micro // 2)
     work = work_bytes(micro)
     ckpt = tokens_per_step * shape.dim * c * shape.layers
-    bpp = 16 if clip else 12
+    bpp = (16 if clip else 12) + (2 if host_copy else 0)
     plan = Plan(shape, tokens_per_step, micro, bpp, bpp * shape.params, host_limit, fixed, work,
-                ckpt, gpu_limit)
+                ckpt, gpu_limit, held_grads=clip, host_copy=host_copy)
     if calib is not None:
         compute = 8 * shape.params * tokens_per_step / calib.flops  # fwd + recompute + bwd
-        h2d = 2 * 4 * shape.params / calib.h2d if calib.h2d else 0.0  # fp32 blocks, twice
+        wb = 2 if host_copy else 4     # bytes a pass loads per param (fp32 or the copy)
+        h2d = 2 * wb * shape.params / calib.h2d if calib.h2d else 0.0  # blocks, twice
         opt = shape.params / calib.adamw
         parts = {"compute": compute, "host->device copies": h2d, "CPU AdamW": opt}
         bound = max(parts, key=parts.get)

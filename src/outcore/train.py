@@ -70,7 +70,8 @@ def check_plan(cfg: TrainConfig, device: str):
     plan = make_plan(shape, tokens_per_step=cfg.batch_size * cfg.grad_accum * cfg.seq_len,
                      micro_tokens=(cfg.micro_batch_size or cfg.batch_size) * cfg.seq_len,
                      gpu_limit=gpu, host_limit=host_available(), clip=True,
-                     compute_itemsize=itemsize)
+                     compute_itemsize=itemsize,
+                     host_copy=cfg.host_weight_copy and itemsize == 2)
     why = plan.refusal()
     if why:
         raise OutcoreError(f"refusing to start: {why}")

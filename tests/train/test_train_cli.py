@@ -66,6 +66,10 @@ def test_plan_numbers_match_the_formula():
     assert s.params == SIZES["125m"].num_params()
     p = make_plan(s, tokens_per_step=1024, host_limit=None, clip=False)
     assert p.host_state_bytes == 12 * s.params and p.fits
+    held = make_plan(s, tokens_per_step=1024, host_limit=None, clip=True, host_copy=True)
+    assert held.host_bytes_per_param == 18
+    assert "held gradients 4 for clipping + 16-bit weight copies 2" in "\n".join(held.lines())
+    assert "held gradients" not in "\n".join(p.lines())
 
 
 def test_train_refuses_before_allocating(tmp_path, capsys):
