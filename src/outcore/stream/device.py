@@ -1,8 +1,9 @@
 """The device side of streaming: a few slots that hold the blocks in flight.
 
 Slots are flat fp32 device buffers of the largest block's size, allocated once and reused
-for every block; a slot may instead hold a block's 16-bit host copy (storage.py) in the
-first half of its bytes (allocation churn of GB-sized buffers would fragment the caching allocator).
+for every block (allocation churn of GB-sized buffers would fragment the caching
+allocator); a slot may instead hold a block's 16-bit host copy (storage.py) in the first
+half of its bytes.
 A block is copied host->device into a free slot on the h2d stream; compute waits on that
 copy's event; when compute is done with it the slot records an event that the next copy
 into the same slot waits on. Nothing here blocks the host.
