@@ -75,7 +75,7 @@ def run_outcore(args) -> dict:
     eng.updater.order = args.update_order   # which groups' AdamW moves to the GPU first
     if args.tune_updates:
         from outcore.stream.tune import UpdateTuner
-        eng.updater.tuner = UpdateTuner(eng.updater)
+        eng.updater.tuner = UpdateTuner(eng.updater, max_trials=args.tune_trials)
     b = batch(model.cfg.vocab, args.tokens, args.seq)
     times, split, losses = [], [], []
 
@@ -92,12 +92,16 @@ def run_outcore(args) -> dict:
     # updated groups alone for SETTLE steps (at most --max-extra-warmup more): a move
     # inside the measured steps made 1b-16k's steps 0.19-0.37 s (session 5).
     i, changed_at, groups = 0, 0, set()
-    while i < args.warmup or (i - changed_at < SETTLE and i < args.warmup + args.max_extra_warmup):
+    tuner = eng.updater.tuner
+
+    def unsettled() -> bool:   # the planner moved a group lately, or the tuner is trying
+        return i - changed_at < SETTLE or (tuner is not None and tuner.busy())
+    while i < args.warmup or (unsettled() and i < args.warmup + args.max_extra_warmup):
         step(i)
         i += 1
         if eng.updater.groups != groups:
             groups, changed_at = set(eng.updater.groups), i
-    warmup = i
+    warmup, settled = i, not unsettled()
     torch.cuda.synchronize()
     t_window = time.perf_counter()
     for i in range(warmup, warmup + args.steps):
@@ -112,7 +116,7 @@ def run_outcore(args) -> dict:
     k = times.index(common.median(times))
     return {"params": n, "step_s": common.median(times), "window_step_s": window,
             "losses": losses, "warmup_steps": warmup,
-            "plan_settled": warmup - changed_at >= SETTLE,
+            "plan_settled": settled,
             "compute_s": split[k][0], "copy_wait_s": split[k][1],
             "optimizer_wait_s": split[k][2],
             "peak_gpu_gb": torch.cuda.max_memory_reserved() / 1e9,
@@ -357,6 +361,8 @@ def main() -> None:
     ap.add_argument("--host-weight-copy", action="store_true", help="outcore keeps 16-bit "
                     "copies of the blocks' weights on the host and loads them where fp32 is "
                     "not needed (Engine(host_weight_copy=True); +2 B/param of host memory)")
+    ap.add_argument("--tune-trials", type=int, default=4, help="--tune-updates: groups "
+                    "handed back at most (one trial of about 6 steps each)")
     ap.add_argument("--update-order", default="tail", choices=["tail", "interleave"],
                     help="outcore: which groups' AdamW moves to the GPU first (A/B of "
                     "DeviceUpdater.order)")
@@ -397,7 +403,8 @@ def main() -> None:
                                                      else []) \
         + (["--full-recompute"] if args.full_recompute else []) \
         + ["--update-order", args.update_order] \
-        + (["--tune-updates"] if args.tune_updates else []) \
+        + (["--tune-updates", "--tune-trials", str(args.tune_trials)] if args.tune_updates
+           else []) \
         + (["--host-weight-copy"] if args.host_weight_copy else []) \
         + model_flags(args)
     doc["clip"], doc["held_gpu_updates"] = args.clip, args.held_gpu_updates

@@ -14,11 +14,14 @@ class FakeEngine:
     """Moves one more group to the device after each step listed in `moves_after`."""
 
     moves_after: tuple = ()
+    tuning_until = 0   # the tuner (if any) is busy through this step
 
     def __init__(self, model, **kw):
         self.n = 0
         self.runner = SimpleNamespace(tail=SimpleNamespace(enabled=True, skipping=lambda: []))
-        self.updater = SimpleNamespace(order="tail", tuner=None, groups=set())
+        tuner = SimpleNamespace(busy=lambda: self.n < self.tuning_until, log=[]) \
+            if self.tuning_until else None
+        self.updater = SimpleNamespace(order="tail", tuner=tuner, groups=set())
         self.stats = SimpleNamespace(compute_s=0.1, copy_wait_s=0.0, optimizer_wait_s=0.0,
                                      peak_device_bytes=0, alloc_retries=0)
         self.stash = SimpleNamespace(bytes_offloaded=0)
@@ -38,22 +41,26 @@ class FakeEngine:
         return 12.0
 
 
-@pytest.mark.parametrize("moves_after,warmup_steps,settled", [
-    ((1, 3), 6, True),           # settled within --warmup: no extra steps
-    ((1, 3, 5, 7), 10, True),    # the last move after step 7: 3 quiet steps more
-    (tuple(range(1, 40)), 6 + 4, False),   # never settles: capped by --max-extra-warmup
+@pytest.mark.parametrize("moves_after,tuning_until,warmup_steps,settled", [
+    ((1, 3), 0, 6, True),          # settled within --warmup: no extra steps
+    ((1, 3, 5, 7), 0, 10, True),   # the last move after step 7: 3 quiet steps more
+    (tuple(range(1, 40)), 0, 6 + 4, False),   # never settles: capped by --max-extra-warmup
+    ((1,), 8, 8, True),            # the tuner's trials run through step 8
+    ((1,), 30, 6 + 4, False),      # ... or past the cap
 ])
-def test_warmup_waits_for_the_planner(monkeypatch, moves_after, warmup_steps, settled):
+def test_warmup_waits_for_the_planner(monkeypatch, moves_after, tuning_until, warmup_steps,
+                                      settled):
     bench = load_stream_bench()
     import outcore
-    monkeypatch.setattr(outcore, "Engine", type("E", (FakeEngine,), {"moves_after": moves_after}))
+    monkeypatch.setattr(outcore, "Engine", type("E", (FakeEngine,), {
+        "moves_after": moves_after, "tuning_until": tuning_until}))
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
     monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda *a: 0)
     args = argparse.Namespace(size="tiny", layers=None, fused_norm=False, compiled=False,
                               micro=0, clip=None, held_gpu_updates="0", gpu_memory=None,
                               full_recompute=False, update_order="tail", tune_updates=False,
                               tokens=64, seq=16, warmup=6, steps=5, max_extra_warmup=4,
-                              profile=False, host_weight_copy=False)
+                              profile=False, host_weight_copy=False, tune_trials=4)
     r = bench.run_outcore(args)
     assert r["warmup_steps"] == warmup_steps and r["plan_settled"] is settled
     assert len(r["losses"]) == warmup_steps + 5
