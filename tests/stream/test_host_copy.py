@@ -34,9 +34,11 @@ def model():
     return decoder("tiny")
 
 
+@pytest.mark.parametrize("micro", [None, 1])
 @pytest.mark.parametrize("device_groups", [(), (0, 2)])
-def test_same_training_half_the_weight_bytes(model, device_groups):
-    plain, kept = engine(model, False, device_groups), engine(model, True, device_groups)
+def test_same_training_half_the_weight_bytes(model, device_groups, micro):
+    plain = engine(model, False, device_groups, micro_batch_size=micro)
+    kept = engine(model, True, device_groups, micro_batch_size=micro)
     for s in range(3):
         assert kept.train_step(batch(s)) == plain.train_step(batch(s))
     for (n, a), b in zip(plain.model.named_parameters(), kept.model.parameters()):
