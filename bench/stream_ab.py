@@ -1,0 +1,82 @@
+#!/usr/bin/env python3
+"""Outcore-only A/Bs of engine options at one case, in one command, with a table last.
+
+    PYTHONPATH=src python3 bench/stream_ab.py                 # 3b-16k, compiled: ~8 min
+    PYTHONPATH=src python3 bench/stream_ab.py --dry-run       # the commands only
+
+Runs the GPU tests once, then bench/stream.py once per variant (each its own results file,
+bench/results/stream-h200-ab-<variant>.json, with its command, commit and every figure),
+and prints each variant's median step, mean step, device-updated groups and time split
+beside `--reference` (a row of an earlier results file, e.g. the run of record's).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+
+VARIANTS = {  # name: bench/stream.py flags (session 5's NOTES, "Next GPU session")
+    "tune": ["--tune-updates", "--tune-trials", "8", "--warmup", "30",
+             "--max-extra-warmup", "40"],
+    "copy": ["--host-weight-copy"],
+    "copy-interleave": ["--host-weight-copy", "--update-order", "interleave"],
+}
+
+
+def commands(args) -> list[tuple[str, list[str]]]:
+    base = [sys.executable, os.path.join(common.ROOT, "bench", "stream.py"), "--cases",
+            args.case, "--systems", "outcore", "--largest", "0"] + \
+        (["--compiled"] if args.compiled else [])
+    out = []
+    for i, name in enumerate(args.variants.split(",")):
+        if name not in VARIANTS:
+            raise SystemExit(f"unknown variant {name!r}: choose from {', '.join(VARIANTS)}")
+        tests = [] if i == 0 and not args.skip_tests else ["--skip-tests"]
+        out.append((name, base + VARIANTS[name] + tests + ["--out", f"stream-h200-ab-{name}"]))
+    return out
+
+
+def row_of(path: str, case: str) -> dict | None:
+    try:
+        doc = json.loads(open(path).read())
+    except (OSError, ValueError):
+        return None
+    return next((r for r in doc["runs"] if r["system"] == "outcore" and r["case"] == case),
+                None)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--case", default="3b-16k")
+    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--compiled", action=argparse.BooleanOptionalAction, default=True)
+    ap.add_argument("--reference", default=str(common.RESULTS / "stream-h200.json"))
+    ap.add_argument("--skip-tests", action="store_true")
+    ap.add_argument("--dry-run", action="store_true")
+    args = ap.parse_args()
+    rows = []
+    ref = row_of(args.reference, args.case)
+    if ref is not None:
+        rows.append(dict(ref, variant="reference"))
+    for name, cmd in commands(args):
+        print(" ".join(cmd), flush=True)
+        if args.dry_run:
+            continue
+        subprocess.run(cmd, cwd=common.ROOT)   # a failed variant leaves its error row
+        r = row_of(str(common.RESULTS / f"stream-h200-ab-{name}.json"), args.case)
+        rows.append(dict(r or {}, variant=name))
+    print(common.table(rows, ["variant", "step_s", "window_step_s", "tokens_per_s",
+                              "compute_s", "copy_wait_s", "optimizer_wait_s",
+                              "device_updated_params", "plan_settled", "error"]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
