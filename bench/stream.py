@@ -72,6 +72,7 @@ def run_outcore(args) -> dict:
                          verbose=True)
     eng.runner.tail.enabled = not args.full_recompute
     eng.updater.order = args.update_order   # which groups' AdamW moves to the GPU first
+    eng.updater.settle_compiles = args.settle_compiles
     if args.tune_updates:
         from outcore.stream.tune import UpdateTuner
         eng.updater.tuner = UpdateTuner(eng.updater, max_trials=args.tune_trials)
@@ -303,6 +304,8 @@ def main() -> None:
     ap.add_argument("--host-weight-copy", action="store_true", help="outcore keeps 16-bit "
                     "copies of the blocks' weights on the host and loads them where fp32 is "
                     "not needed (Engine(host_weight_copy=True); +2 B/param of host memory)")
+    ap.add_argument("--settle-compiles", action="store_true", help="outcore's device-update "
+                    "planner skips steps in which torch.compile built kernels")
     ap.add_argument("--tune-trials", type=int, default=4, help="--tune-updates: groups "
                     "handed back at most (one trial of about 6 steps each)")
     ap.add_argument("--update-order", default="tail", choices=["tail", "interleave"],
@@ -348,12 +351,14 @@ def main() -> None:
         + (["--tune-updates", "--tune-trials", str(args.tune_trials)] if args.tune_updates
            else []) \
         + (["--host-weight-copy"] if args.host_weight_copy else []) \
+        + (["--settle-compiles"] if args.settle_compiles else []) \
         + model_flags(args)
     doc["clip"], doc["held_gpu_updates"] = args.clip, args.held_gpu_updates
     doc["full_recompute"] = args.full_recompute
     doc["update_order"] = args.update_order
     doc["tune_updates"] = args.tune_updates
     doc["host_weight_copy"] = args.host_weight_copy
+    doc["settle_compiles"] = args.settle_compiles
     doc["fused_norm"] = args.fused_norm
     doc["compiled"] = args.compiled
     if not args.skip_tests:

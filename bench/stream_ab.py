@@ -26,6 +26,7 @@ VARIANTS = {  # name: bench/stream.py flags (session 5's NOTES, "Next GPU sessio
              "--max-extra-warmup", "40"],
     "copy": ["--host-weight-copy"],
     "copy-interleave": ["--host-weight-copy", "--update-order", "interleave"],
+    "settle": ["--settle-compiles"],
 }
 
 

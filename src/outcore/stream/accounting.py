@@ -7,6 +7,7 @@ device; `_stash_limit` is the room the next step's checkpoints get under the bud
 
 from __future__ import annotations
 
+import sys
 import time
 
 import torch
@@ -41,13 +42,20 @@ class StepAccounting:
             self._other_peak = peak - self.stash.peak_device_bytes
         self.stash.peak_device_bytes = 0
         due = self.step_count >= 2 and (self.step_count <= 8 or self.step_count % 10 == 0)
+        # A step in which torch.compile built kernels (a compiled model's first steps) is
+        # no measure of the CPU's capacity: its cores also served the compiler. Opt-in
+        # (DeviceUpdater.settle_compiles) until measured.
+        compiles, self._compiles = self._compiles, compile_count()
+        compiled = compiles is not None and compiles != self._compiles
         # Feedback (after steps 2..8, then every 10th): the optimizer wait of this step
         # moves AdamW work to the device; `what` says which path for the verbose line.
         tuner = self.updater.tuner   # opt-in (tune.py): hands groups back while it pays
         for mode, planner, what in ((self.gpu_updates, self.updater, "AdamW of groups"),
                                     (self.held_gpu_updates, self.deferred,
                                      "held AdamW (at the next load) of blocks")):
-            paused = planner is self.updater and tuner is not None and tuner.busy()
+            paused = planner is self.updater and (
+                (tuner is not None and tuner.busy())
+                or (compiled and self.updater.settle_compiles))
             if mode == "auto" and due and not paused:
                 added = planner.plan(self.stats.step_s, self.stats.optimizer_wait_s,
                                      self._cpu_busy_s, self._cpu_params)
@@ -63,6 +71,8 @@ class StepAccounting:
         self.stats.history.append({"step": self.step_count, "loss": loss,
                                    "step_s": self.stats.step_s,
                                    "host_peak_bytes": host_peak_rss_bytes()})
+
+    _compiles: int | None = None   # compile_count() after the last step
 
     def _stash_limit(self) -> int | None:
         if self.gpu_memory is None:
@@ -83,3 +93,15 @@ class StepAccounting:
             st.compute_s, st.copy_wait_s = compute, wait
             st.total_compute_s += compute
             st.total_copy_wait_s += wait
+
+
+def compile_count() -> int:
+    """Graphs torch.compile has built in this process so far, by dynamo's counters (0 when
+    dynamo was never imported: then nothing was compiled)."""
+    if "torch._dynamo" not in sys.modules:
+        return 0
+    try:
+        from torch._dynamo.utils import counters
+    except ImportError:
+        return 0
+    return sum(sum(c.values()) for c in counters.values())

@@ -62,6 +62,7 @@ class DeviceUpdater:
         self.e = engine
         self.order = "tail"
         self.tuner = None   # tune.UpdateTuner, opt-in: hands groups back while it pays
+        self.settle_compiles = False   # opt-in: no planning from a step that compiled
         self.groups: set[int] = set()
         self._mv: dict[int, tuple[torch.Tensor, torch.Tensor, object, int | None]] = {}
         self._ring = None  # 2 buffers of m|v for blocks (rest's are allocated per step)
