@@ -10,7 +10,9 @@ until `release(scale)`.
 
 from __future__ import annotations
 
+import atexit
 import threading
+import weakref
 from typing import Callable
 
 
@@ -30,6 +32,14 @@ class UpdateSchedule:
         self._stop = False
         self._thread = threading.Thread(target=self._run, name="outcore-optim", daemon=True)
         self._thread.start()
+        # A script that ends without engine.close() while an update runs (held updates
+        # run after backward) would have the interpreter tear torch down under the worker:
+        # the process aborted ("terminate called without an active exception", exit 134).
+        # At exit, finish the queued updates and stop the thread first; a weak reference,
+        # so an engine dropped earlier is still collected.
+        ref = weakref.ref(self)
+        self._at_exit = lambda: (lambda s: s is not None and s._drain_at_exit())(ref())
+        atexit.register(self._at_exit)
 
     def begin_backward(self, hold: bool) -> None:
         """A new backward starts; with `hold`, updates wait for `release()`."""
@@ -105,3 +115,12 @@ class UpdateSchedule:
             self._stop = True
             self._cv.notify_all()
         self._thread.join(timeout=5)
+        atexit.unregister(self._at_exit)
+
+    def _drain_at_exit(self) -> None:
+        with self._cv:   # a Condition's lock is re-entrant: drop_pending may take it too
+            if self._held:   # the script ended inside a backward: no scale ever came
+                self.drop_pending()
+            while self._pending and self._error is None and self._thread.is_alive():
+                self._cv.wait(timeout=1.0)
+        self.close()
