@@ -18,6 +18,8 @@ from ..memory import host_peak_rss_bytes
 class StepAccounting:
     """Mixin of Engine; uses its stats, timer, cache, stash, updater and deferred."""
 
+    _compiles: int | None = None   # compile_count() after the last step
+
     def _record(self, t0: float, loss: float) -> None:
         if self.lanes.cuda:
             self.stats.peak_device_bytes = max(self.stats.peak_device_bytes,
@@ -71,8 +73,6 @@ class StepAccounting:
         self.stats.history.append({"step": self.step_count, "loss": loss,
                                    "step_s": self.stats.step_s,
                                    "host_peak_bytes": host_peak_rss_bytes()})
-
-    _compiles: int | None = None   # compile_count() after the last step
 
     def _stash_limit(self) -> int | None:
         if self.gpu_memory is None:

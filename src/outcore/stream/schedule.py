@@ -38,8 +38,13 @@ class UpdateSchedule:
         # At exit, finish the queued updates and stop the thread first; a weak reference,
         # so an engine dropped earlier is still collected.
         ref = weakref.ref(self)
-        self._at_exit = lambda: (lambda s: s is not None and s._drain_at_exit())(ref())
-        atexit.register(self._at_exit)
+
+        def at_exit() -> None:
+            sched = ref()
+            if sched is not None:
+                sched._drain_at_exit()
+        self._at_exit = at_exit
+        atexit.register(at_exit)
 
     def begin_backward(self, hold: bool) -> None:
         """A new backward starts; with `hold`, updates wait for `release()`."""
