@@ -139,12 +139,13 @@ class Block(nn.Module):
             v = v.repeat_interleave(rep, dim=1)
         a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         o = self.wo(a.transpose(1, 2).reshape(B, T, -1))
-        if c.compiled:  # the residual add and the MLP's norm in one kernel
+        if c.compiled:  # the residual add and the MLP's norm in one kernel; SwiGLU in one
             x, h = kern.add_rms_norm(x, o, self.mlp_norm.weight, c.norm_eps)
-        else:
-            x = x + o
-            h = self.mlp_norm(x)
-        return x + self.w2(kern.swiglu(self.w1(h), self.w3(h)))
+            return x + self.w2(kern.swiglu(self.w1(h), self.w3(h)))
+        x = x + o
+        h = self.mlp_norm(x)
+        # eager: SiLU before the up projection, so SiLU's input is freed first
+        return x + self.w2(F.silu(self.w1(h)) * self.w3(h))
 
 
 def _chunk_loss(h, weight, labels):
