@@ -49,10 +49,19 @@ def make_model(size: str, layers: int | None = None, fused_norm: bool = False,
     return decoder(size, **kw)
 
 
+MODEL_SWITCHES = ("fused_norm", "compiled")   # the same model for every system
+OUTCORE_SWITCHES = ("full_recompute", "tune_updates", "host_weight_copy", "settle_compiles")
+
+
+def switches(args, names) -> list[str]:
+    """The command-line flags (--name-with-dashes) of the boolean options in `names` that
+    are set: what a worker gets of this invocation's switches."""
+    return [f"--{n.replace('_', '-')}" for n in names if getattr(args, n)]
+
+
 def model_flags(args) -> list[str]:
     """The model-variant flags every worker gets (the same model for every system)."""
-    return (["--fused-norm"] if args.fused_norm else []) \
-        + (["--compiled"] if args.compiled else [])
+    return switches(args, MODEL_SWITCHES)
 
 
 def batch(vocab: int, tokens: int, seq: int, device="cpu"):
@@ -343,24 +352,12 @@ def main() -> None:
                      "total between two full device synchronizations, per step")
     extra = ["--steps", str(args.steps), "--warmup", str(args.warmup),
              "--max-extra-warmup", str(args.max_extra_warmup),
-             "--gpu-memory", args.gpu_memory, "--held-gpu-updates", args.held_gpu_updates] \
-        + (["--profile"] if args.profile else []) + (["--clip", str(args.clip)] if args.clip
-                                                     else []) \
-        + (["--full-recompute"] if args.full_recompute else []) \
-        + ["--update-order", args.update_order] \
-        + (["--tune-updates", "--tune-trials", str(args.tune_trials)] if args.tune_updates
-           else []) \
-        + (["--host-weight-copy"] if args.host_weight_copy else []) \
-        + (["--settle-compiles"] if args.settle_compiles else []) \
-        + model_flags(args)
-    doc["clip"], doc["held_gpu_updates"] = args.clip, args.held_gpu_updates
-    doc["full_recompute"] = args.full_recompute
-    doc["update_order"] = args.update_order
-    doc["tune_updates"] = args.tune_updates
-    doc["host_weight_copy"] = args.host_weight_copy
-    doc["settle_compiles"] = args.settle_compiles
-    doc["fused_norm"] = args.fused_norm
-    doc["compiled"] = args.compiled
+             "--gpu-memory", args.gpu_memory, "--held-gpu-updates", args.held_gpu_updates,
+             "--update-order", args.update_order, "--tune-trials", str(args.tune_trials)] \
+        + (["--clip", str(args.clip)] if args.clip else []) \
+        + switches(args, ("profile",) + OUTCORE_SWITCHES) + model_flags(args)
+    for k in ("clip", "held_gpu_updates", "update_order") + OUTCORE_SWITCHES + MODEL_SWITCHES:
+        doc[k] = getattr(args, k)
     if not args.skip_tests:
         doc["gpu_tests"] = gpu_tests()
         if "parts" in doc:
