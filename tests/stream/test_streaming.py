@@ -108,3 +108,32 @@ def test_device_update_planner_moves_the_end_of_backward_first():
     again = up.plan(step_s=1.0, opt_wait_s=0.2, cpu_busy_s=1.0, cpu_params=10**6)
     assert again and again[0] == len(added)  # never moves a group twice
     eng.close()
+
+
+def test_device_update_planner_keeps_the_budget():
+    """Moved groups' device state must fit beside the last step's measured peak: rest's
+    m, v (8 B/param) is skipped when it does not fit, blocks still move once the ring of
+    two blocks' m|v fits, and nothing moves when neither does."""
+    def engine():
+        return outcore.Engine(outcore.models.decoder("tiny", layers=6, vocab=2048,
+                                                     max_seq=64), device="cpu")
+    eng = engine()
+    up = eng.updater
+    rest = 8 * eng.groups[0].numel
+    ring = 16 * eng.cache.slots[0].buf.numel()
+    assert rest > ring   # embeddings and head of a 2048-token vocabulary outweigh a block
+    # A backlog of 5e4 params: rest and block 1 without the budget (two groups at least).
+    wait = dict(step_s=1.0, opt_wait_s=0.05, cpu_busy_s=1.0, cpu_params=10**6)
+    eng.gpu_memory = 10**9
+    eng._other_peak = eng._usable_device_bytes() - ring   # room for the ring, not rest
+    assert up.plan(**wait) == [1]
+    assert eng._device_room() == 0   # enable() counted the ring: no room is left for rest
+    assert up.plan(**wait) == [2] and up.groups == {1, 2}
+    eng.close()
+    fresh = engine()
+    fresh.gpu_memory = 10**9
+    fresh._other_peak = fresh._usable_device_bytes() - ring + 1
+    assert fresh.updater.plan(**wait) == []
+    fresh._other_peak = None   # no measured step (or no budget): the backlog alone decides
+    assert fresh.updater.plan(**wait)[0] == 0
+    fresh.close()

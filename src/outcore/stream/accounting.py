@@ -74,11 +74,23 @@ class StepAccounting:
                                    "step_s": self.stats.step_s,
                                    "host_peak_bytes": host_peak_rss_bytes()})
 
+    def _usable_device_bytes(self) -> int:
+        """The share of the budget the engine plans to fill (8% is left to the allocator's
+        rounding and fragmentation)."""
+        return int(self.gpu_memory * 0.92)
+
+    def _device_room(self) -> int | None:
+        """Budget left beside the last step's measured peak without its checkpoints (which
+        go to the host when room is short); None without a budget or a measured step."""
+        if self.gpu_memory is None or self._other_peak is None:
+            return None
+        return self._usable_device_bytes() - self._other_peak
+
     def _stash_limit(self) -> int | None:
         if self.gpu_memory is None:
             return None
         from .plan import fixed_device_bytes
-        usable = int(self.gpu_memory * 0.92)
+        usable = self._usable_device_bytes()
         # Before the first measurement: the fixed buffers, the deferred updates' chunk ring
         # (allocated at construction with held_gpu_updates=k), half of what is left.
         fixed = fixed_device_bytes(self) + self.deferred.bytes()

@@ -215,10 +215,33 @@ class DeviceUpdater:
         not absorb; that many parameters (plus one group of margin) move to the device,
         taken from the end of backward (rest, block 1, 2, ...). Never moves groups back.
         """
-        added = backlog_groups(self.e.groups, self.groups, self.candidates(), step_s,
-                               opt_wait_s, cpu_busy_s, cpu_params)
+        added = self.affordable(backlog_groups(self.e.groups, self.groups,
+                                               self.candidates(), step_s, opt_wait_s,
+                                               cpu_busy_s, cpu_params))
         self.enable(added)
         return added
+
+    def affordable(self, gs: list[int]) -> list[int]:
+        """The groups of gs whose device state fits the budget beside the last step's
+        measured peak (Engine._device_room). One that does not fit is skipped, not those
+        after it: rest's m, v are 8 B/param of a large group held through backward's end,
+        while a block adds nothing once the ring of two blocks' m|v exists. At 7b-16k in
+        14.5 GiB the planner moved rest and 12 blocks without this, and the next step ran
+        out of the budget."""
+        room = self.e._device_room()
+        if room is None:
+            return gs
+        block = self.e.cache.slots[0].buf.numel()   # as enable() sizes the ring
+        ring = 2 * 2 * block * 4 + (2 * block * self.e.compute_dtype.itemsize
+                                    if self.e.host.copy[-1] is not None else 0)
+        has_ring, out = self._ring is not None, []
+        for g in gs:
+            cost = 8 * self.e.groups[0].numel if g == 0 else 0 if has_ring else ring
+            if cost <= room:
+                room -= cost
+                out.append(g)
+                has_ring = has_ring or g > 0
+        return out
 
 
 def backlog_groups(groups, taken, order, step_s: float, opt_wait_s: float,
