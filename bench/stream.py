@@ -22,6 +22,7 @@ import os
 import subprocess
 import sys
 import time
+import traceback
 
 import torch
 
@@ -243,6 +244,9 @@ def worker(args) -> None:
         res["model_tflops"] = 6 * res["params"] * args.tokens / res["step_s"] / 1e12
     except torch.cuda.OutOfMemoryError as e:
         res = {"error": f"out of memory: {str(e).splitlines()[0][:160]}"}
+        # The whole message (allocated, reserved, cap) and where it was raised, to the log.
+        print("out of memory: " + " ".join(str(e).split()))
+        print("".join(traceback.format_tb(e.__traceback__)[-4:]))
     except Exception as e:  # a failed run is a row with its error, not a missing row
         res = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"}
     print("RESULT " + json.dumps(res), flush=True)
