@@ -129,7 +129,8 @@ def run_outcore(args) -> dict:
             "plan_settled": settled,
             "compute_s": split[k][0], "copy_wait_s": split[k][1],
             "optimizer_wait_s": split[k][2],
-            "peak_gpu_gb": torch.cuda.max_memory_reserved() / 1e9,
+            # over every step (the engine resets the allocator's peak counters per block)
+            "peak_gpu_gb": eng.stats.peak_reserved_bytes / 1e9,
             "peak_gpu_allocated_gb": eng.stats.peak_device_bytes / 1e9,
             "host_bytes_per_param": eng.host_bytes_per_param(),
             "device_updated_groups": sorted(eng.updater.groups),

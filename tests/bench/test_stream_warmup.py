@@ -23,7 +23,8 @@ class FakeEngine:
             if self.tuning_until else None
         self.updater = SimpleNamespace(order="tail", tuner=tuner, groups=set())
         self.stats = SimpleNamespace(compute_s=0.1, copy_wait_s=0.0, optimizer_wait_s=0.0,
-                                     peak_device_bytes=0, alloc_retries=0)
+                                     peak_device_bytes=0, peak_reserved_bytes=0,
+                                     alloc_retries=0)
         self.stash = SimpleNamespace(bytes_offloaded=0)
         self.deferred = SimpleNamespace(groups=set())
         self.groups = [SimpleNamespace(numel=10) for _ in range(40)]
@@ -55,7 +56,6 @@ def test_warmup_waits_for_the_planner(monkeypatch, moves_after, tuning_until, wa
     monkeypatch.setattr(outcore, "Engine", type("E", (FakeEngine,), {
         "moves_after": moves_after, "tuning_until": tuning_until}))
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
-    monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda *a: 0)
     args = argparse.Namespace(size="tiny", layers=None, fused_norm=False, compiled=False,
                               micro=0, clip=None, held_gpu_updates="0", gpu_memory=None,
                               full_recompute=False, update_order="tail", tune_updates=False,

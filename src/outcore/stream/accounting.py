@@ -21,9 +21,12 @@ class StepAccounting:
     _compiles: int | None = None   # compile_count() after the last step
 
     def _record(self, t0: float, loss: float) -> None:
+        self.peaks.mark()   # the step's tail: rest's backward and update
         if self.lanes.cuda:
             self.stats.peak_device_bytes = max(self.stats.peak_device_bytes,
-                                               torch.cuda.max_memory_allocated(self.device))
+                                               self.peaks.peak_allocated)
+            self.stats.peak_reserved_bytes = max(self.stats.peak_reserved_bytes,
+                                                 self.peaks.peak_reserved)
             self.stats.alloc_retries = torch.cuda.memory_stats(self.device).get(
                 "num_alloc_retries", 0)
         else:
@@ -39,9 +42,10 @@ class StepAccounting:
         self.stats.max_blocks_in_flight = self.cache.max_in_flight
         self.stats.bytes_h2d = self.cache.bytes_h2d
         self.step_count += 1
-        if self.lanes.cuda:
-            peak = torch.cuda.max_memory_allocated(self.device)
-            self._other_peak = peak - self.stash.peak_device_bytes
+        if self.peaks.active:
+            # Everything but the checkpoints, at its worst block (peaks.py); the next step
+            # gives its checkpoints what the budget leaves beside it.
+            self._other_peak = self.peaks.step_other
         self.stash.peak_device_bytes = 0
         due = self.step_count >= 2 and (self.step_count <= 8 or self.step_count % 10 == 0)
         # A step in which torch.compile built kernels (a compiled model's first steps) is

@@ -39,6 +39,7 @@ from .ring import Ring
 from .optimizer import AdamW, GroupOptimizers
 from .runner import BlockRunner
 from .schedule import UpdateSchedule
+from .peaks import PeakWatch
 from .stash import ActivationStash
 from .stats import ComputeTimer, StepStats
 from .validate import check_batch, check_copy_option, forward_kwargs, resolve_device
@@ -96,6 +97,7 @@ class Engine(StepFlow, StepAccounting):
         self.grad_ring = Ring(self.lanes, 3, self.cache.slots[0].buf.numel()
                               if self.cache.slots else 0)
         self.stash = ActivationStash(self.lanes, PinnedPool(pin=self.lanes.cuda))
+        self.peaks = PeakWatch.for_device(self.stash, self.device, self.lanes.cuda)
         self.edges = StepEdges(self.lanes, PinnedPool(pin=self.lanes.cuda))
         self.runner = BlockRunner(self)
         self.schedule = UpdateSchedule(self._apply_update)
@@ -198,8 +200,7 @@ class Engine(StepFlow, StepAccounting):
         self._sq.clear()
         self.reload_if_edited()
         self.stash.limit = self._stash_limit()
-        if self.lanes.cuda:
-            torch.cuda.reset_peak_memory_stats(self.device)
+        self.peaks.begin_step()   # resets the allocator's peak counters (peaks.py)
         originals = self.runner.install()
         try:
             self._forward_backward(kwargs, batch, loss_fn)

@@ -141,6 +141,7 @@ class BlockRunner:
         # Prefetch the next block while this one computes (its compute is enqueued).
         e.prefetch_forward(g + 1)
         e.stash.put(g, hidden)  # the checkpoint backward recomputes from
+        e.peaks.mark()
         return out, rng
 
     # -- backward ---------------------------------------------------------------
@@ -194,6 +195,7 @@ class BlockRunner:
                 grads_in.append(grads[-1] if grads[-1] is not None else torch.zeros_like(h))
         e.timer.stop(t)
         e.grad_ready(g, grad_w, w32, ring_i)
+        e.peaks.mark()
         if not input_grad:
             return None
         return grads_in[0] if n == 1 else torch.cat(grads_in, dim=0)

@@ -25,7 +25,8 @@ class StepStats:
     bytes_h2d: int = 0
     bytes_d2h: int = 0
     max_blocks_in_flight: int = 0
-    peak_device_bytes: int = 0
+    peak_device_bytes: int = 0      # allocated by tensors, over the whole run
+    peak_reserved_bytes: int = 0    # held by the caching allocator (what the budget caps)
     skipped_steps: int = 0
     alloc_retries: int = 0          # caching-allocator retries (each one a device sync)
     # The last steps' records (bounded: a long run must not grow memory with its length).

@@ -1,0 +1,66 @@
+"""PeakWatch: the device peak outside the checkpoints, interval by interval (peaks.py)."""
+
+from types import SimpleNamespace
+
+import torch
+
+import outcore
+from outcore.stream.peaks import PeakWatch
+from .models import batch_for
+
+
+class FakeAllocator:
+    """Peak counters of a device whose allocations are the checkpoints plus `other`."""
+
+    def __init__(self, stash):
+        self.stash, self.other, self.peak = stash, 0, 0
+        self.resets = 0
+
+    def now(self, other: int) -> None:   # an allocation state inside the interval
+        self.other = other
+        self.peak = max(self.peak, self.stash.device_bytes + other)
+
+    def read(self):
+        return self.peak, self.peak + 7
+
+    def reset(self):
+        self.resets += 1
+        self.peak = self.stash.device_bytes + self.other
+
+
+def test_other_peak_is_taken_where_it_happens_not_at_the_checkpoints_peak():
+    stash = SimpleNamespace(device_bytes=0)
+    dev = FakeAllocator(stash)
+    w = PeakWatch(stash, dev.read, dev.reset)
+    w.begin_step()
+    for _ in range(4):               # forward: a checkpoint of 10 per block, 5 of work
+        dev.now(5)
+        stash.device_bytes += 10
+        dev.now(0)
+        w.mark()
+    for k in range(4):               # backward: late blocks hold 30 more (device m, v)
+        stash.device_bytes -= 10
+        dev.now(8 + (30 if k >= 2 else 0))
+        dev.now(0)
+        w.mark()
+    # The step's peak (48, at the 3rd backward block, 10 of it checkpoints) less the
+    # checkpoints' own peak (40) would leave 8; the rest really reached 38.
+    assert w.step_other == 38
+    assert w.peak_allocated == 48 and w.peak_reserved == 55
+    assert dev.resets == 9
+
+
+def test_cpu_watch_is_inactive_and_the_engine_marks_every_block():
+    eng = outcore.Engine(outcore.models.decoder("tiny", layers=3, vocab=96, max_seq=64),
+                         device="cpu")
+    assert not eng.peaks.active
+    stash = eng.stash
+    dev = FakeAllocator(stash)
+    eng.peaks = PeakWatch(stash, dev.read, dev.reset)
+    gen = torch.Generator().manual_seed(0)
+    eng.train_step(batch_for("decoder", gen, rows=4))
+    n_blocks = len(eng.groups) - 1
+    # begin_step, then a mark after each block's forward and backward and one at the end
+    assert dev.resets == 1 + 2 * n_blocks + 1
+    assert eng._other_peak == eng.peaks.step_other
+    eng.close()
