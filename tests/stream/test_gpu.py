@@ -101,24 +101,46 @@ def test_kernel_variants_on_gpu_train_like_the_eager_model(variant, dtype, rel):
     assert losses[1] == pytest.approx(losses[0], rel=rel)
 
 
-def test_host_weight_copy_on_gpu_trains_like_without():
-    """Engine(host_weight_copy=True) in bf16, with device-updated groups among CPU-updated
-    ones (the device casts and writes back their 16-bit copies): the losses of the engine
-    without copies, and the same master weights, within run-to-run kernel noise."""
+def test_host_weight_copy_is_refused_on_gpu():
+    from outcore.errors import OutcoreError
     from outcore.models import decoder
+    with pytest.raises(OutcoreError, match="disabled on GPUs"):
+        outcore.Engine(decoder("tiny"), device="cuda", compute_dtype=torch.bfloat16,
+                       host_weight_copy=True)
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_host_weight_copy_on_gpu_trains_like_without(monkeypatch, compiled):
+    """The reproduction of session 6's failure, for whoever fixes it: more blocks than
+    slots, groups moved to the device in three stages as the planner did, a device
+    synchronize before the 7th step as the bench's measured window, the same batch every
+    step. Without the bug the losses follow the engine without copies (bf16 kernel noise)
+    and every block's 16-bit copy is its master's cast."""
+    from outcore.models import decoder
+    from outcore.stream import validate
+    monkeypatch.setattr(validate, "COPIES_ON_CUDA", True)
     runs = []
     for copies in (False, True):
         torch.manual_seed(0)
-        eng = outcore.Engine(decoder("tiny"), optimizer=outcore.AdamW(lr=1e-3),
-                             device="cuda", compute_dtype=torch.bfloat16, gpu_updates=0,
+        model = decoder("125m", layers=12, max_seq=256, compiled=compiled)
+        eng = outcore.Engine(model, optimizer=outcore.AdamW(lr=1e-3), device="cuda",
+                             compute_dtype=torch.bfloat16, gpu_updates=0,
                              host_weight_copy=copies)
-        eng.updater.enable([0, 1, 3])
         g = torch.Generator().manual_seed(1)
-        x = torch.randint(0, 256, (4, 64), generator=g)
-        losses = [eng.train_step({"input_ids": x, "labels": x}) for _ in range(4)]
-        runs.append((losses, [p.detach().clone() for p in eng.model.parameters()]))
+        x = torch.randint(0, 32000, (8, 256), generator=g)
+        stages = {1: range(0, 5), 2: range(5, 7), 3: range(7, 9)}
+        losses = []
+        for step in range(10):
+            eng.updater.enable(list(stages.get(step, ())))
+            if step == 6:
+                torch.cuda.synchronize()
+            losses.append(eng.train_step({"input_ids": x, "labels": x}))
+        eng.synchronize()
+        if copies:
+            stale = [k for k in range(1, len(eng.groups)) if not torch.equal(
+                eng.host.copy[k], eng.host.master[k].to(torch.bfloat16))]
+            assert not stale, f"16-bit copies not their masters' cast: groups {stale}"
+        runs.append(losses)
         eng.close()
-    (l0, p0), (l1, p1) = runs
-    assert l1 == pytest.approx(l0, rel=1e-3)
-    for a, b in zip(p0, p1):
-        assert torch.allclose(a, b, rtol=1e-3, atol=1e-5)
+    plain, kept = runs
+    assert kept == pytest.approx(plain, rel=2e-2), (plain, kept)
