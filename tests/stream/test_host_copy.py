@@ -83,3 +83,29 @@ def test_bad_combinations_are_one_line_errors(model):
     with pytest.raises(OutcoreError, match="held_gpu_updates"):
         outcore.Engine(copy.deepcopy(model), device="cpu", compute_dtype=BF16,
                        max_grad_norm=1.0, held_gpu_updates=2, host_weight_copy=True)
+
+
+def test_more_blocks_than_slots_with_staged_device_groups():
+    """Session 6's failing GPU run in miniature: 8 blocks through 3 slots, groups moved to
+    the device in three stages as the planner moves them, 12 steps on one batch. On the
+    CPU the copies train bit-for-bit as without (the GPU run's jump back to the initial
+    loss needs the device's asynchrony: see test_gpu.py)."""
+    torch.manual_seed(0)
+    m = decoder("tiny", layers=8)
+    stages = {1: [0, 1, 2, 3], 2: [4, 5], 3: [6, 7]}
+    runs = []
+    for copies in (False, True):
+        eng = outcore.Engine(copy.deepcopy(m), optimizer=outcore.AdamW(lr=1e-3),
+                             device="cpu", compute_dtype=BF16, host_weight_copy=copies)
+        assert len(eng.cache.slots) < len(eng.groups) - 1
+        losses = []
+        for s in range(12):
+            eng.updater.enable(stages.get(s, []))
+            losses.append(eng.train_step(batch(1)))
+        if copies:
+            for g in range(1, len(eng.groups)):
+                assert torch.equal(eng.host.copy[g], eng.host.master[g].to(BF16)), g
+        runs.append(losses)
+        eng.close()
+    assert runs[0] == runs[1]
+    assert runs[0][-1] < runs[0][0]
