@@ -180,11 +180,11 @@ def measure_bandwidth(env: Env) -> dict:
         t = min(median_s(fn, 5, env.sync))
         moved = n * 4 * (2 if name == "both" else len(devs) if name == "h2d_all" else 1)
         out[name] = moved / t / 1e9
-    # Strided pieces, as matmul copies them: 2-D DMA (cudaMemcpy2DAsync) of rows of 8 and
-    # 16 KiB out of rows 128 KiB apart (a 2048- or 4096-wide piece of a 32768-wide matrix).
+    # Strided pieces, as matmul copies them: 2-D DMA (cudaMemcpy2DAsync) of rows of 8 to
+    # 64 KiB out of rows 128 KiB apart (a 2048- to 16384-wide piece of a 32768-wide matrix).
     from outcore.gemm.cudacopy import copy2d
     host = env.bufs[0][:n].view(-1, 32768)
-    for width in (2048, 4096):
+    for width in (2048, 4096, 8192, 16384):
         region = host[:, :width]
         dev2 = torch.empty(region.shape, device=d0)
         stream = torch.cuda.current_stream(d0)

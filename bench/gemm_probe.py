@@ -32,11 +32,17 @@ N = 32768
 # row slabs (tile_n = N): B's pieces are whole rows of B, contiguous in host memory, so
 # only A's pieces are 2-D copies; the first tile loads all of B, the others only A
 SLABS = [(4096, N, N, 4096), (2048, N, N, 4096)]
+# Flat tiles (session 6's timeline of the 8192 x 8192 plan in bf16: h2d 2-D copies of 32
+# KiB rows at 48.6 GB/s, then 28 ms of tail in which the last column of 4 tiles, 1 GB of
+# C, went out at 41 GB/s). 4096 x 16384 tiles copy 64 KiB rows of A (with 16384-deep
+# pieces) and of B, and the growing order ends on an A panel that only 2 tiles need.
+FLAT = [(4096, 16384, N, 8192), (4096, 16384, N, 16384), (4096, 8192, N, 8192),
+        (8192, 16384, N, 16384)]
 CASES = [  # (compute, size, tile variants; None = the planner's choice)
     ("tf32", N, [None, (4096, 4096, N, 8192), (8192, 8192, N, 4096), (8192, 8192, N, 8192)]
-     + SLABS),
+     + SLABS + FLAT),
     ("bf16", N, [None, (4096, 4096, N, 4096), (4096, 4096, N, 8192), (8192, 8192, N, 8192)]
-     + SLABS),
+     + SLABS + FLAT),
     ("fp32", 16384, [None, (4096, 4096, 16384, 4096), (4096, 4096, 16384, 8192)]),
 ]
 
