@@ -64,3 +64,16 @@ def test_cpu_watch_is_inactive_and_the_engine_marks_every_block():
     assert dev.resets == 1 + 2 * n_blocks + 1
     assert eng._other_peak == eng.peaks.step_other
     eng.close()
+
+
+def test_cuda_read_takes_both_peaks_from_one_stats_read(monkeypatch):
+    from outcore.stream import peaks
+    calls = []
+
+    def stats(device):
+        calls.append(device)
+        return {"allocated_bytes": {"all": {"peak": 5, "current": 1}},
+                "reserved_bytes": {"all": {"peak": 9, "current": 2}}}
+    monkeypatch.setattr(torch.cuda.memory, "memory_stats_as_nested_dict", stats)
+    assert peaks._cuda_read(0)() == (5, 9)
+    assert calls == [0]
