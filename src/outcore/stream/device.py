@@ -136,16 +136,31 @@ class DeviceCache:
             if s.group == g and s.pinned:
                 s.pinned = False
                 s.free_after = free_after if free_after is not None else self.lanes.event()
+                if free_after is not None:
+                    # A device-side update's write-back reads the slot on the d2h stream
+                    # until `free_after`. The next forward may use the slot again (a cache
+                    # hit) and release it with only its compute event, so the read is kept
+                    # here too, for the h2d copy that next overwrites the slot to wait on.
+                    # Without it, a d2h stream running behind (session 6's 3b-16k with host
+                    # copies: 14 B/param out per device block, 12 in) had the slot
+                    # overwritten by another block while the old master was still being
+                    # written from it: training went back to its initial loss.
+                    s.read_back = free_after
 
-    def updated_in_place(self, g: int) -> None:
-        """Group g was updated on the device, in its slot: the slot stays valid."""
+    def updated_in_place(self, g: int, buf: torch.Tensor | None = None) -> None:
+        """Group g was updated on the device, in `buf` (its slot, or rest's buffer): that
+        buffer stays valid, any other copy of g is stale (None: every fp32 slot of g)."""
         self.versions[g] += 1
         if g == 0:
             self.rest_version = self.versions[0]
         for s in self.slots:
             if s.group == g:
-                # the fp32 slot was updated; a 16-bit copy of the old weights is stale
-                s.version = self.versions[g] if s.dtype == torch.float32 else -1
+                # Only the slot the update wrote is current. An older fp32 slot of g (left
+                # from before g's AdamW moved to the device) or a 16-bit copy of the old
+                # weights is stale; marking every fp32 slot current let the next pass find
+                # an old one.
+                same = buf is None or s.buf.data_ptr() == buf.data_ptr()
+                s.version = self.versions[g] if s.dtype == torch.float32 and same else -1
 
     def acquire_rest(self, master: torch.Tensor) -> torch.Tensor:
         """The `rest` group on the device, reloaded when its master changed."""

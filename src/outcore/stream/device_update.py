@@ -161,6 +161,10 @@ class DeviceUpdater:
         self.prefetch(g)
         m, v, ev, ring_i = self._mv.pop(g)
         lanes.wait(lanes.compute, ev)  # stream wait: m, v landed on the device
+        # Stream wait: the weights are written in place below, and when they were not
+        # reloaded since g's last update (its slot kept, or rest's resident buffer) that
+        # update's write-back may still be reading them on a d2h stream running behind.
+        lanes.wait(lanes.compute, self.ready_events.get(g))
         if lanes.cuda and ring_i is None:
             # Buffer reuse: m, v were allocated on the h2d stream, used on compute.
             m.record_stream(lanes.compute)
@@ -196,7 +200,7 @@ class DeviceUpdater:
             e.nonfinite_check(g, sq)
         self.bytes_d2h += 12 * w32.numel()
         self.ready_events[g] = done
-        e.cache.updated_in_place(g)
+        e.cache.updated_in_place(g, w32)
         return done
 
     def ready(self, g: int):

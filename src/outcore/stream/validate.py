@@ -77,11 +77,14 @@ def forward_kwargs(params, batch: dict, to_device) -> dict:
     return out
 
 
-# host_weight_copy on a GPU: off until its bug is found. In session 6's 3b-16k runs on the
-# H200 (bench/results/stream-h200-ab-copy*.json, bench/NOTES.md) training went back to its
-# initial loss at the 7th step, with and without the interleave order; the CPU tests and a
-# 4-block GPU test train bit-for-bit as without copies. tests/stream/test_gpu.py sets this
-# to run its reproduction.
+# host_weight_copy on a GPU: off until a GPU run confirms the fix. In session 6's 3b-16k
+# runs on the H200 (bench/results/stream-h200-ab-copy*.json, bench/NOTES.md) training went
+# back to its initial loss at the 7th step. The probable cause, found by reading the code
+# afterwards and fixed in device.py (DeviceCache.release keeps a device update's
+# write-back event as the slot's read_back): a slot reused by the next forward forgot
+# that its write-back had not yet read it, and the copies' extra d2h bytes made that
+# stream run far enough behind for another block to overwrite it. tests/stream/test_gpu.py
+# sets this flag to run its reproductions.
 COPIES_ON_CUDA = False
 
 
@@ -91,7 +94,8 @@ def check_copy_option(engine, held_gpu_updates) -> None:
     if engine.lanes.cuda and not COPIES_ON_CUDA:
         raise OutcoreError("host_weight_copy=True is disabled on GPUs: in a 3B run on the "
                            "H200 it sent training back to its initial loss after 6 steps "
-                           "(a bug not yet found); leave host_weight_copy off")
+                           "(fixed since, not yet confirmed on a GPU); leave "
+                           "host_weight_copy off")
     if engine.compute_dtype.itemsize != 2:
         raise OutcoreError("host_weight_copy=True keeps 16-bit copies for a 16-bit compute "
                            f"dtype, not {engine.compute_dtype}: use compute_dtype="
