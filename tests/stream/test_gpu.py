@@ -111,10 +111,9 @@ def test_host_weight_copy_is_refused_on_gpu():
 
 @pytest.mark.parametrize("compiled", [False, True])
 def test_host_weight_copy_on_gpu_trains_like_without(monkeypatch, compiled):
-    """The reproduction of session 6's failure, for whoever fixes it: more blocks than
-    slots, groups moved to the device in three stages as the planner did, a device
-    synchronize before the 7th step as the bench's measured window, the same batch every
-    step. Without the bug the losses follow the engine without copies (bf16 kernel noise)
+    """Session 6's failing run in miniature: more blocks than slots, groups moved to the
+    device in three stages as the planner did, a device synchronize before one step, the
+    same batch every step. The losses follow the engine without copies (bf16 kernel noise)
     and every block's 16-bit copy is its master's cast."""
     from outcore.models import decoder
     from outcore.stream import validate
