@@ -76,3 +76,11 @@ def test_only_the_slot_the_update_wrote_stays_current():
     c.release(2)
     current = [s for s in c.slots if s.group == 1 and s.version == c.versions[1]]
     assert [s.buf.data_ptr() for s in current] == [new.data_ptr()]
+
+
+def test_rest_is_not_reloaded_over_its_write_back():
+    c, lanes = cache()
+    c.acquire_rest(torch.zeros(4))
+    c.invalidate(0)                            # rest's AdamW went back to the CPU
+    c.acquire_rest(torch.zeros(4), after="d2h#rest-writeback")
+    assert ("h2d", "d2h#rest-writeback") in lanes.waits

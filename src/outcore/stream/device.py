@@ -162,10 +162,13 @@ class DeviceCache:
                 same = buf is None or s.buf.data_ptr() == buf.data_ptr()
                 s.version = self.versions[g] if s.dtype == torch.float32 and same else -1
 
-    def acquire_rest(self, master: torch.Tensor) -> torch.Tensor:
-        """The `rest` group on the device, reloaded when its master changed."""
+    def acquire_rest(self, master: torch.Tensor, after=None) -> torch.Tensor:
+        """The `rest` group on the device, reloaded when its master changed. `after`: the
+        event of a device-side update's write-back of rest, which reads this buffer."""
         if self.rest_version != self.versions[0] and self.rest.numel():
             with self.lanes.on(self.lanes.h2d):
+                # Stream wait: the reload overwrites the buffer that write-back reads.
+                self.lanes.wait(self.lanes.h2d, after)
                 self.fill(0, self.rest, master)
                 ev = self.lanes.event(self.lanes.h2d)
             self.lanes.wait(self.lanes.compute, ev)  # stream wait: rest weights landed

@@ -218,7 +218,7 @@ class Engine(StepFlow, StepAccounting):
         t = time.perf_counter()
         self.schedule.wait(0)  # host wait: rest's update from the last step
         self.stats.optimizer_wait_s += time.perf_counter() - t
-        rest = self.cache.acquire_rest(self.host.master[0])
+        rest = self.cache.acquire_rest(self.host.master[0], self.host_ready.get(0))
         self.prefetch_forward(1)
         # One leaf per parameter (as in the blocks' backward, runner.py): views of one flat
         # leaf would each get a zero-filled rest-sized gradient, summed by autograd.
