@@ -55,7 +55,7 @@ class Rates:
 
 
 def _size(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size()
+    return dtype.itemsize
 
 
 def estimate_seconds(plan: GemmPlan, rates: Rates, depth: int = LONE_DEPTH,
@@ -78,17 +78,24 @@ def estimate_seconds(plan: GemmPlan, rates: Rates, depth: int = LONE_DEPTH,
         return avail[key]
 
     ta, tb = layout
+    ab = _size(plan.acc_dtype)
+    known: dict = {}   # (rows, cols, kk) -> factors: few distinct shapes, many pieces
 
     def factors(t, kk):
         """Row-width factors of A's and B's piece of tile t, kk deep."""
-        fa = row_factor(t.rows * hb, t.rows == plan.m) if ta else row_factor(kk * hb, kk == plan.k)
-        fb = row_factor(kk * hb, kk == plan.k) if tb else row_factor(t.cols * hb, t.cols == plan.n)
-        return fa, fb
+        key = (t.rows, t.cols, kk)
+        if key not in known:
+            fa = (row_factor(t.rows * hb, t.rows == plan.m) if ta
+                  else row_factor(kk * hb, kk == plan.k))
+            fb = (row_factor(kk * hb, kk == plan.k) if tb
+                  else row_factor(t.cols * hb, t.cols == plan.n))
+            known[key] = (fa, fb)
+        return known[key]
 
     def gemm(t, kb, q0, q1, ready):
         nonlocal comp
         k = pspans[kb][q1 - 1][1] - pspans[kb][q0][0]
-        acc_rw = 2.0 * t.rows * t.cols * _size(plan.acc_dtype) / rates.hbm
+        acc_rw = 2.0 * t.rows * t.cols * ab / rates.hbm
         comp = max(comp, ready) + 2.0 * t.rows * t.cols * k / rate + acc_rw + rates.launch
 
     def run(t, kb, q0, q1):

@@ -137,7 +137,7 @@ class GemmPlan:
 
 
 def _size(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size()
+    return dtype.itemsize
 
 
 def _fixed_bytes(tm, tn, pk, n_acc, host_dtype, compute) -> int:
