@@ -201,10 +201,10 @@ def make_plan(m: int, n: int, k: int, *, host_dtype: torch.dtype, compute: str, 
     Raises OutcoreError when the budget is too small for one tile's working set.
 
     Plans are remembered (the last PLAN_CACHE of them, with the default rates): the search
-    costs ~26 ms of host time at 32768 in tf32 and bf16 (7.8 ms in fp32), serial before the
-    first copy, and a training loop asks for the same shapes at every step. On the H200
-    that search was the gap between the planner's choice (270 TFLOP/s in tf32) and the
-    same plan forced with `tile` (313).
+    costs ~15 ms of host time at 32768 in tf32 and bf16 (26 ms before session 6's speed-up;
+    5 ms in fp32), serial before the first copy, and a training loop asks for the same
+    shapes at every step. On the H200 that search was the gap between the planner's
+    choice (270 TFLOP/s in tf32) and the same plan forced with `tile` (313).
     """
     tile = _tile_arg(tile)   # hashable, and a bad tile is reported before any lookup
     args = (m, n, k, host_dtype, compute, budget, tile, n_devices, device_type, tuple(layout))
