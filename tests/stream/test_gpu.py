@@ -101,6 +101,23 @@ def test_kernel_variants_on_gpu_train_like_the_eager_model(variant, dtype, rel):
     assert losses[1] == pytest.approx(losses[0], rel=rel)
 
 
+def test_budget_is_kept_while_adamw_moves_to_the_device():
+    """Session 6's 7b-16k failure in small: large blocks against a tight budget, with the
+    planner moving AdamW to the device ('auto', the default) while the step waits for the
+    CPU. Each move must fit beside the measured peak, and the checkpoints' room must come
+    from the peak of everything else block by block (the step's peak less the
+    checkpoints' peak let a step run out of memory)."""
+    torch.cuda.empty_cache()
+    model = outcore.models.decoder("1b", layers=8, max_seq=2048)
+    budget = 7 * 1024**3
+    eng = outcore.Engine(model, device="cuda", gpu_memory=budget)
+    x = torch.randint(0, 32000, (8, 2048))
+    losses = [eng.train_step({"input_ids": x, "labels": x}) for _ in range(10)]
+    assert losses[-1] < losses[0]
+    assert eng.stats.peak_reserved_bytes <= budget
+    eng.close()
+
+
 def test_host_weight_copy_is_refused_on_gpu():
     from outcore.errors import OutcoreError
     from outcore.models import decoder
