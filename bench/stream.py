@@ -318,7 +318,7 @@ def main() -> None:
     ap.add_argument("--host-weight-copy", action="store_true", help="outcore keeps 16-bit "
                     "copies of the blocks' weights on the host and loads them where fp32 is "
                     "not needed (Engine(host_weight_copy=True); +2 B/param of host memory; the "
-                    "engine refuses it on a GPU until its session-6 bug is found)")
+                    "engine refuses it on a GPU until a GPU run confirms session 6's fix)")
     ap.add_argument("--settle-compiles", action="store_true", help="outcore's device-update "
                     "planner skips steps in which torch.compile built kernels")
     ap.add_argument("--tune-trials", type=int, default=4, help="--tune-updates: groups "
