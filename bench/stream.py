@@ -51,7 +51,8 @@ def make_model(size: str, layers: int | None = None, fused_norm: bool = False,
 
 
 MODEL_SWITCHES = ("fused_norm", "compiled")   # the same model for every system
-OUTCORE_SWITCHES = ("full_recompute", "tune_updates", "host_weight_copy", "settle_compiles")
+OUTCORE_SWITCHES = ("full_recompute", "tune_updates", "host_weight_copy", "device_weight_copy",
+                    "settle_compiles")
 
 
 def switches(args, names) -> list[str]:
@@ -78,7 +79,9 @@ def run_outcore(args) -> dict:
     eng = outcore.Engine(model, optimizer=outcore.AdamW(lr=1e-4, weight_decay=0.0),
                          device="cuda", micro_batch_size=args.micro or None,
                          max_grad_norm=args.clip, held_gpu_updates=_held(args),
-                         gpu_memory=args.gpu_memory, host_weight_copy=args.host_weight_copy,
+                         gpu_memory=args.gpu_memory,
+                         host_weight_copy="device" if args.device_weight_copy
+                         else args.host_weight_copy,
                          verbose=True)
     eng.runner.tail.enabled = not args.full_recompute
     eng.updater.order = args.update_order   # which groups' AdamW moves to the GPU first
@@ -319,6 +322,9 @@ def main() -> None:
                     "copies of the blocks' weights on the host and loads them where fp32 is "
                     "not needed (Engine(host_weight_copy=True); +2 B/param of host memory; the "
                     "engine refuses it on a GPU until a GPU run confirms session 6's fix)")
+    ap.add_argument("--device-weight-copy", action="store_true", help="as --host-weight-copy "
+                    "for the device-updated blocks only (Engine(host_weight_copy='device')): "
+                    "the CPU AdamW casts nothing, CPU-updated blocks load fp32")
     ap.add_argument("--settle-compiles", action="store_true", help="outcore's device-update "
                     "planner skips steps in which torch.compile built kernels")
     ap.add_argument("--tune-trials", type=int, default=4, help="--tune-updates: groups "

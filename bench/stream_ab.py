@@ -24,8 +24,12 @@ import common  # noqa: E402
 VARIANTS = {  # name: bench/stream.py flags (session 5's NOTES, "Next GPU session")
     "tune": ["--tune-updates", "--tune-trials", "8", "--warmup", "30",
              "--max-extra-warmup", "40"],
-    # "copy" and "copy-interleave" (--host-weight-copy) ran in session 6: slower, and
-    # training went back to its initial loss; the engine now refuses copies on a GPU.
+    # The host copies ran in session 6 (slower, and the loss jumped back: a write-back
+    # race, fixed since); the engine refuses them on a GPU until the GPU tests confirm the
+    # fix (stream/validate.py COPIES_ON_CUDA). Then: every block's copies, or only the
+    # device-updated blocks' (no cast on the CPU, whose AdamW it slowed).
+    "copy": ["--host-weight-copy"],
+    "device-copy": ["--device-weight-copy"],
     "settle": ["--settle-compiles"],
 }
 

@@ -60,7 +60,8 @@ def test_warmup_waits_for_the_planner(monkeypatch, moves_after, tuning_until, wa
                               micro=0, clip=None, held_gpu_updates="0", gpu_memory=None,
                               full_recompute=False, update_order="tail", tune_updates=False,
                               tokens=64, seq=16, warmup=6, steps=5, max_extra_warmup=4,
-                              profile=False, host_weight_copy=False, tune_trials=4,
+                              profile=False, host_weight_copy=False, device_weight_copy=False,
+                              tune_trials=4,
                               settle_compiles=False)
     r = bench.run_outcore(args)
     assert r["warmup_steps"] == warmup_steps and r["plan_settled"] is settled

@@ -162,7 +162,7 @@ def test_host_weight_copy_on_gpu_trains_like_without(monkeypatch, compiled):
     assert kept == pytest.approx(plain, rel=2e-2), (plain, kept)
 
 
-@pytest.mark.parametrize("copies", [False, True])
+@pytest.mark.parametrize("copies", [False, True, "device"])
 def test_device_updates_survive_a_d2h_stream_running_behind(monkeypatch, copies):
     """Session 6's host-copy failure, made to happen on purpose: every device-side update
     first queues ~25 ms of sleep on the d2h stream, so its write-back reads the slot long

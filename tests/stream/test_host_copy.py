@@ -109,3 +109,32 @@ def test_more_blocks_than_slots_with_staged_device_groups():
         eng.close()
     assert runs[0] == runs[1]
     assert runs[0][-1] < runs[0][0]
+
+
+def test_device_mode_copies_only_the_device_updated_blocks(model):
+    """host_weight_copy="device": the device-updated blocks' passes that need no fp32 load
+    their copy (the device writes it with each update), the CPU-updated blocks load fp32
+    and the CPU AdamW casts nothing. Training is bit-for-bit the same as without copies,
+    also for a block whose AdamW moves to the device mid-run."""
+    torch.manual_seed(0)
+    model = decoder("tiny", layers=8)   # more blocks than slots: 5, 6 are evicted between
+    plain = engine(model, False, (0, 5, 6))   # their update and the next forward
+    kept = engine(model, "device", (0, 5, 6))
+    assert kept.copy_mode == "device"
+    for s in range(4):
+        if s == 2:
+            for eng in (plain, kept):
+                eng.updater.enable([7])        # moved by the planner between steps
+        assert kept.train_step(batch(s)) == plain.train_step(batch(s))
+    for (n, a), b in zip(plain.model.named_parameters(), kept.model.parameters()):
+        assert torch.equal(a, b), n
+    kept.synchronize()
+    for g in range(1, len(kept.groups)):
+        current = torch.equal(kept.host.copy[g], kept.host.master[g].to(BF16))
+        assert current == (g in kept.updater.groups), g   # CPU blocks' copies go stale
+    assert plain.cache.bytes_h2d / 2 < kept.cache.bytes_h2d < plain.cache.bytes_h2d
+
+
+def test_a_copy_mode_that_does_not_exist_is_one_line(model):
+    with pytest.raises(OutcoreError, match="host_weight_copy='some'"):
+        engine(model, "some")

@@ -84,6 +84,11 @@ class DeviceUpdater:
                     # Pinned once: DMA in and out every step.
                     self.e.opt.m[g] = pin_(self.e.opt.m[g])
                     self.e.opt.v[g] = pin_(self.e.opt.v[g])
+                if self.e.copy_mode == "device" and self.e.host.copy[g] is not None:
+                    # Host wait, then a host cast: only device updates write the copies in
+                    # this mode, so g's is as old as the last one; the next forward loads it.
+                    self.e.schedule.wait(g)
+                    self.e.host.refresh(g)
                 self.groups.add(g)
                 if not g:
                     grew += 8 * self.e.groups[0].numel   # rest's m, v, held in backward

@@ -53,7 +53,8 @@ class Engine(StepFlow, StepAccounting):
                  max_grad_norm: float | None = None, gpu_memory: str | int | None = None,
                  blocks: str | None = None, gpu_updates: int | str | None = "auto",
                  skip_nonfinite: bool = False, distributed: bool | None = None,
-                 held_gpu_updates: int | str | None = 0, host_weight_copy: bool = False,
+                 held_gpu_updates: int | str | None = 0,
+                 host_weight_copy: bool | str = False,
                  verbose: bool = False):
         self.device = resolve_device(device)
         if compute_dtype is None:
@@ -87,8 +88,9 @@ class Engine(StepFlow, StepAccounting):
             print(f"outcore: page-locking {n * 4 / 2**30:.1f} GiB of fp32 master weights "
                   "(about 0.5 s per GiB, once)", flush=True)
         self.host = self._host_state()
-        if host_weight_copy:
-            check_copy_option(self, held_gpu_updates)
+        # None, "all" (True) or "device": which groups' passes load 16-bit copies
+        self.copy_mode = check_copy_option(self, host_weight_copy, held_gpu_updates)
+        if self.copy_mode:
             self.host.keep_copies(compute_dtype)
         self._host_changed = False   # set by .model: the caller may have edited weights
         self.opt = GroupOptimizers(self.host.master, self.optimizer_config)

@@ -61,10 +61,18 @@ class StepFlow:
 
     def weight_source(self, g: int, backward: bool) -> torch.Tensor:
         """The host weights a pass of group g loads: its 16-bit copy when the engine keeps
-        one (host_weight_copy) and the pass needs no fp32 weights, else the fp32 master.
-        Only a device-side AdamW needs them: in the backward of a device-updated group."""
+        one current (host_weight_copy: every block's, or with "device" the device-updated
+        blocks' only) and the pass needs no fp32 weights, else the fp32 master. Only a
+        device-side AdamW needs them: in the backward of a device-updated group."""
         copy = self.host.copy[g]
-        if copy is None or (backward and g in self.updater.groups):
+        device = g in self.updater.groups
+        if copy is None or (backward and device):
+            return self.host.master[g]
+        if self.copy_mode == "device" and not device:
+            return self.host.master[g]   # a CPU-updated block's copy is not kept current
+        if device and g > len(self.groups) - 1 - len(self.cache.slots):
+            # one of the last blocks of forward, still in its slot when backward starts:
+            # loaded in fp32 the backward finds it there, a copy would mean a second load
             return self.host.master[g]
         if self.cache.holds(g, torch.float32):
             # current fp32 weights already on the device (a device-side update in place,
@@ -151,7 +159,8 @@ class StepFlow:
         t = time.perf_counter()
         if self.nonfinite_check(g, hsq):
             self.opt.step(g, hbuf, scale)
-            self.host.refresh(g)   # the 16-bit copy, if kept, before the next load waits
+            if self.copy_mode == "all":
+                self.host.refresh(g)   # the 16-bit copy, before the next load waits
         self._cpu_busy_s += time.perf_counter() - t
         self._cpu_params += hbuf.numel()
         self.host.grad_pool.put(hbuf)

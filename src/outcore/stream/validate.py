@@ -88,9 +88,17 @@ def forward_kwargs(params, batch: dict, to_device) -> dict:
 COPIES_ON_CUDA = False
 
 
-def check_copy_option(engine, held_gpu_updates) -> None:
-    """Engine(host_weight_copy=True): 16-bit compute, one process, no held device updates,
-    not on a GPU (COPIES_ON_CUDA)."""
+def check_copy_option(engine, value, held_gpu_updates) -> str | None:
+    """Engine(host_weight_copy=...): False (None: no copies), True or "all" (every block's
+    copy, refreshed by the CPU AdamW too) or "device" (only the device-updated blocks load
+    their copy, which the device writes; the CPU AdamW casts nothing). 16-bit compute, one
+    process, no held device updates, not on a GPU (COPIES_ON_CUDA)."""
+    if value is False or value is None:
+        return None
+    mode = "all" if value is True else value
+    if mode not in ("all", "device"):
+        raise OutcoreError(f"host_weight_copy={value!r}: use False, True (or 'all': every "
+                           "block) or 'device' (the device-updated blocks only)")
     if engine.lanes.cuda and not COPIES_ON_CUDA:
         raise OutcoreError("host_weight_copy=True is disabled on GPUs: in a 3B run on the "
                            "H200 it sent training back to its initial loss after 6 steps "
@@ -103,3 +111,4 @@ def check_copy_option(engine, held_gpu_updates) -> None:
     if held_gpu_updates not in (None, 0, "off"):
         raise OutcoreError("host_weight_copy=True cannot be combined with held_gpu_updates "
                            "(those updates need the fp32 weights at every load)")
+    return mode
