@@ -118,6 +118,7 @@ class Plan:
     step_s: dict | None = None
     held_grads: bool = True    # clipping: gradients held on the host until the norm is known
     host_copy: bool = False    # 16-bit copies of the weights on the host
+    staged_grad_bytes: int = 0   # without clipping: gradients waiting for the CPU AdamW
 
     @property
     def device_bytes(self) -> int:
@@ -168,8 +169,10 @@ class Plan:
             f"(embeddings, head)",
             f"host:   {self.host_bytes_per_param} B/param (fp32 master 4 + AdamW m,v 8"
             f"{' + held gradients 4 for clipping' if self.held_grads else ''}"
-            f"{' + 16-bit weight copies 2' if self.host_copy else ''}) "
-            f"= {fmt_bytes(self.host_state_bytes)}"
+            f"{' + 16-bit weight copies 2' if self.host_copy else ''})"
+            + (f" + {fmt_bytes(self.staged_grad_bytes)} of gradients waiting for the CPU "
+               "AdamW" if self.staged_grad_bytes else "")
+            + f" = {fmt_bytes(self.host_state_bytes)}"
             + (f" of {fmt_bytes(self.host_limit)}: {host}" if self.host_limit else ""),
             f"device: 3 block slots + resident = {fmt_bytes(self.device_fixed_bytes)}, "
             f"micro-batch work ({self.micro_tokens} tokens) ~{fmt_bytes(self.device_work_bytes)}"
@@ -219,8 +222,11 @@ def make_plan(shape: ModelShape, *, tokens_per_step: int, micro_tokens: int | No
     work = work_bytes(micro)
     ckpt = tokens_per_step * shape.dim * c * shape.layers
     bpp = (16 if clip else 12) + (2 if host_copy else 0)
-    plan = Plan(shape, tokens_per_step, micro, bpp, bpp * shape.params, host_limit, fixed, work,
-                ckpt, gpu_limit, held_grads=clip, host_copy=host_copy)
+    from .stream.engine import STAGED_GRADS
+    staged = 0 if clip else min(STAGED_GRADS, shape.layers) * shape.block_params * 4
+    plan = Plan(shape, tokens_per_step, micro, bpp, bpp * shape.params + staged, host_limit,
+                fixed, work, ckpt, gpu_limit, held_grads=clip, host_copy=host_copy,
+                staged_grad_bytes=staged)
     if calib is not None:
         compute = 8 * shape.params * tokens_per_step / calib.flops  # fwd + recompute + bwd
         wb = 2 if host_copy else 4     # bytes a pass loads per param (fp32 or the copy)

@@ -45,6 +45,9 @@ from .stats import ComputeTimer, StepStats
 from .validate import check_batch, check_copy_option, forward_kwargs, resolve_device
 
 
+STAGED_GRADS = 8   # the default of Engine.max_staged_grads
+
+
 class Engine(StepFlow, StepAccounting):
     """Train `model` with its state in host memory; see the module docstring."""
 
@@ -103,6 +106,10 @@ class Engine(StepFlow, StepAccounting):
         self.edges = StepEdges(self.lanes, PinnedPool(pin=self.lanes.cuda))
         self.runner = BlockRunner(self)
         self.schedule = UpdateSchedule(self._apply_update)
+        # Gradients staged in pinned host memory for the CPU AdamW at once (None: no cap;
+        # held updates keep every gradient anyway). In steady state backward stages fewer:
+        # the planner moves AdamW to the device while the CPU falls behind.
+        self.max_staged_grads: int | None = STAGED_GRADS
         self.timer = ComputeTimer(self.lanes.cuda)
         self.stats = StepStats()
         self.updater = DeviceUpdater(self)

@@ -83,6 +83,13 @@ class UpdateSchedule:
                 self._cv.wait()
             self._raise()
 
+    def wait_below(self, n: int) -> None:
+        """Block until fewer than n updates are pending (a deliberate host wait)."""
+        with self._cv:
+            while len(self._pending) >= n and self._error is None:
+                self._cv.wait()
+            self._raise()
+
     def wait_all(self) -> None:
         with self._cv:
             while self._pending and self._error is None:
