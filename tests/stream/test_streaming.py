@@ -3,6 +3,7 @@
 import copy
 import time
 
+import pytest
 import torch
 
 import outcore
@@ -167,3 +168,15 @@ def test_staged_gradients_are_capped_and_training_is_unchanged():
         assert staged <= cap if cap else staged > 2
         eng.close()
     assert runs[0] == runs[1]
+
+
+def test_an_engine_the_host_cannot_hold_is_refused_in_one_line(monkeypatch):
+    from outcore import planner
+    model = outcore.models.decoder("tiny", layers=2, vocab=96, max_seq=64)
+    n = sum(p.numel() for p in model.parameters())
+    monkeypatch.setattr(planner, "host_available", lambda: 8 * n - 1)   # not even m, v
+    with pytest.raises(outcore.OutcoreError, match=r"needs .* more host memory for "
+                       r"0\.00B params \(AdamW m, v 8 B/param\) but .* is available"):
+        outcore.Engine(model, device="cpu")
+    monkeypatch.setattr(planner, "host_available", lambda: 20 * n)
+    outcore.Engine(model, device="cpu").close()

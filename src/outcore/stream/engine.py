@@ -42,7 +42,8 @@ from .schedule import UpdateSchedule
 from .peaks import PeakWatch
 from .stash import ActivationStash
 from .stats import ComputeTimer, StepStats
-from .validate import check_batch, check_copy_option, forward_kwargs, resolve_device
+from .validate import (check_batch, check_copy_option, check_host_room, forward_kwargs,
+                       resolve_device)
 
 
 STAGED_GRADS = 8   # the default of Engine.max_staged_grads
@@ -90,6 +91,7 @@ class Engine(StepFlow, StepAccounting):
             n = sum(g.numel for g in self.groups)
             print(f"outcore: page-locking {n * 4 / 2**30:.1f} GiB of fp32 master weights "
                   "(about 0.5 s per GiB, once)", flush=True)
+        check_host_room(self.groups, self.hold_updates, bool(host_weight_copy), STAGED_GRADS)
         self.host = self._host_state()
         # None, "all" (True) or "device": which groups' passes load 16-bit copies
         self.copy_mode = check_copy_option(self, host_weight_copy, held_gpu_updates)

@@ -6,7 +6,9 @@ import inspect
 
 import torch
 
+from .. import planner
 from ..errors import OutcoreError
+from ..units import fmt_bytes
 
 
 def resolve_device(device) -> torch.device:
@@ -112,3 +114,26 @@ def check_copy_option(engine, value, held_gpu_updates) -> str | None:
         raise OutcoreError("host_weight_copy=True cannot be combined with held_gpu_updates "
                            "(those updates need the fp32 weights at every load)")
     return mode
+
+
+def check_host_room(groups, hold_updates: bool, copies: bool, staged: int) -> None:
+    """Refuse, before allocating, when the host cannot hold what the engine adds to the
+    model already in its memory: AdamW's m and v (8 B/param), the gradients held for
+    clipping (4 B/param) or else up to `staged` blocks' gradients waiting for the CPU
+    AdamW, and 16-bit copies of the blocks (2 B/param). A necessary condition only (pinned
+    pools and the CUDA runtime come on top): it turns the plain cases of the OOM killer
+    into a one-line error."""
+    available = planner.host_available()
+    if available is None:
+        return
+    n = sum(g.numel for g in groups)
+    blocks = [g.numel for g in groups[1:]]
+    grads = 4 * n if hold_updates else 4 * max(blocks, default=0) * min(staged, len(blocks))
+    need = 8 * n + grads + (2 * sum(blocks) if copies else 0)
+    if need > available:
+        raise OutcoreError(
+            f"the engine needs {fmt_bytes(need)} more host memory for {n / 1e9:.2f}B params "
+            f"(AdamW m, v 8 B/param{', gradients held for clipping 4' if hold_updates else ''}"
+            f"{', 16-bit copies 2' if copies else ''}) but {fmt_bytes(available)} is "
+            "available: use a smaller model, free host memory or use a larger machine "
+            "(outcore plan --model ... --host-memory ... shows the numbers)")
