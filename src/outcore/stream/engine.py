@@ -91,7 +91,8 @@ class Engine(StepFlow, StepAccounting):
             n = sum(g.numel for g in self.groups)
             print(f"outcore: page-locking {n * 4 / 2**30:.1f} GiB of fp32 master weights "
                   "(about 0.5 s per GiB, once)", flush=True)
-        check_host_room(self.groups, self.hold_updates, bool(host_weight_copy), STAGED_GRADS)
+        check_host_room(self.groups, self.hold_updates, bool(host_weight_copy), STAGED_GRADS,
+                        shards=getattr(self, "world", 1))   # a ShardedEngine's rank: 1/world
         self.host = self._host_state()
         # None, "all" (True) or "device": which groups' passes load 16-bit copies
         self.copy_mode = check_copy_option(self, host_weight_copy, held_gpu_updates)

@@ -116,20 +116,21 @@ def check_copy_option(engine, value, held_gpu_updates) -> str | None:
     return mode
 
 
-def check_host_room(groups, hold_updates: bool, copies: bool, staged: int) -> None:
+def check_host_room(groups, hold_updates: bool, copies: bool, staged: int,
+                    shards: int = 1) -> None:
     """Refuse, before allocating, when the host cannot hold what the engine adds to the
     model already in its memory: AdamW's m and v (8 B/param), the gradients held for
     clipping (4 B/param) or else up to `staged` blocks' gradients waiting for the CPU
     AdamW, and 16-bit copies of the blocks (2 B/param). A necessary condition only (pinned
     pools and the CUDA runtime come on top): it turns the plain cases of the OOM killer
-    into a one-line error."""
+    into a one-line error. shards: a rank of a sharded engine holds 1/shards of it."""
     available = planner.host_available()
     if available is None:
         return
     n = sum(g.numel for g in groups)
     blocks = [g.numel for g in groups[1:]]
     grads = 4 * n if hold_updates else 4 * max(blocks, default=0) * min(staged, len(blocks))
-    need = 8 * n + grads + (2 * sum(blocks) if copies else 0)
+    need = (8 * n + grads + (2 * sum(blocks) if copies else 0)) // shards
     if need > available:
         raise OutcoreError(
             f"the engine needs {fmt_bytes(need)} more host memory for {n / 1e9:.2f}B params "
