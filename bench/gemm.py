@@ -413,11 +413,17 @@ def main() -> int:
     ap.add_argument("--budget-s", type=float, default=330.0,
                     help="stop starting new work after this many seconds (default 330)")
     ap.add_argument("--no-train", action="store_true", help="skip the training shapes")
+    ap.add_argument("--flat-tiles", action="store_true", help="the planner also tries tiles "
+                    "2x and 4x wider than tall, or taller (outcore.gemm.plan.FLAT_TILES, "
+                    "opt-in until measured)")
     ap.add_argument("--gpus", type=int, help="GPUs to use (default: every visible one; with "
                     "--smoke, that many CPU workers for the multi-device cases, default 2)")
     ap.add_argument("--out", help="results file (default bench/results/gemm-<machine>.json; "
                     "smoke: /tmp/outcore-bench/gemm-smoke.json)")
     args = ap.parse_args()
+    if args.flat_tiles:
+        import outcore.gemm.plan as gemm_plan
+        gemm_plan.FLAT_TILES = True
     t_start = time.perf_counter()
     n_gpu = 0 if args.smoke else min(args.gpus or torch.cuda.device_count(),
                                      torch.cuda.device_count())
@@ -469,7 +475,7 @@ def main() -> int:
         "benchmark": "gemm", "command": "python3 " + " ".join(sys.argv), "commit": commit,
         "machine": machine, "gpus": gpus, "torch": torch.__version__,
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "bandwidth_gbps": env.bw, "budget_s": args.budget_s,
+        "bandwidth_gbps": env.bw, "budget_s": args.budget_s, "flat_tiles": args.flat_tiles,
         "elapsed_s": time.perf_counter() - t_start, "dropped": dropped,
         "notes": ["host matrices are float32 and pinned (cudaHostRegister) in every case; "
                   "the case prefix / compute field names the arithmetic",
@@ -477,8 +483,9 @@ def main() -> int:
                   "cublasxt times are end to end (host to host)"],
         "runs": rows}
     os.makedirs(os.path.dirname(out_path), exist_ok=True)
-    with open(out_path, "w") as f:
-        json.dump(result, f, indent=1, default=str)
+    with open(out_path + ".tmp", "w") as f:   # a temporary name, then a rename: a reader
+        json.dump(result, f, indent=1, default=str)   # never sees half a file
+    os.replace(out_path + ".tmp", out_path)
     print_table(rows)
     print(f"wrote {out_path} ({len(rows)} rows, {result['elapsed_s']:.0f} s)")
     return 0

@@ -37,7 +37,7 @@ SLABS = [(4096, N, N, 4096), (2048, N, N, 4096)]
 # C, went out at 41 GB/s). 4096 x 16384 tiles copy 64 KiB rows of A (with 16384-deep
 # pieces) and of B, and the growing order ends on an A panel that only 2 tiles need.
 FLAT = [(4096, 16384, N, 8192), (4096, 16384, N, 16384), (4096, 8192, N, 8192),
-        (8192, 16384, N, 16384)]
+        (8192, 16384, N, 16384), (2048, 8192, N, 8192)]   # the last: FLAT_TILES's bf16 pick
 CASES = [  # (compute, size, tile variants; None = the planner's choice)
     ("tf32", N, [None, (4096, 4096, N, 8192), (8192, 8192, N, 4096), (8192, 8192, N, 8192)]
      + SLABS + FLAT),

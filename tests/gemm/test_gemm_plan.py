@@ -157,3 +157,19 @@ def test_plans_are_remembered_per_shape_and_budget():
     assert make_plan(32768, 32768, 32768, rates=Rates(), **kw) is not first
     with pytest.raises(OutcoreError, match="tile="):
         make_plan(8, 8, 8, tile=[4, 0], **kw)
+
+
+def test_flat_tiles_are_opt_in_and_planned_apart(monkeypatch):
+    """plan.FLAT_TILES (bench/gemm.py --flat-tiles) lets the planner pick tiles wider than
+    tall where its model says so (bf16 at 32768, link-bound); off, plans are square, and
+    a plan remembered with one setting is not served for the other."""
+    import outcore.gemm.plan as plan_mod
+    kw = dict(host_dtype=torch.float32, compute="bf16", budget=100 << 30, n_devices=1,
+              device_type="cuda")
+    square = make_plan(32768, 32768, 32768, **kw)
+    assert square.tile_m == square.tile_n
+    monkeypatch.setattr(plan_mod, "FLAT_TILES", True)
+    flat = make_plan(32768, 32768, 32768, **kw)
+    assert flat.tile_m != flat.tile_n and flat.est_seconds < 0.98 * square.est_seconds
+    monkeypatch.setattr(plan_mod, "FLAT_TILES", False)
+    assert make_plan(32768, 32768, 32768, **kw) is square

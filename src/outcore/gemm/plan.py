@@ -207,7 +207,8 @@ def make_plan(m: int, n: int, k: int, *, host_dtype: torch.dtype, compute: str, 
     choice (270 TFLOP/s in tf32) and the same plan forced with `tile` (313).
     """
     tile = _tile_arg(tile)   # hashable, and a bad tile is reported before any lookup
-    args = (m, n, k, host_dtype, compute, budget, tile, n_devices, device_type, tuple(layout))
+    args = (m, n, k, host_dtype, compute, budget, tile, n_devices, device_type, tuple(layout),
+            FLAT_TILES)
     if rates is not None:
         return _search(*args, rates)
     return _cached_search(*args)
@@ -222,7 +223,7 @@ def _cached_search(*args) -> GemmPlan:
 
 
 def _search(m, n, k, host_dtype, compute, budget, tile, n_devices, device_type, layout,
-            rates) -> GemmPlan:
+            flat, rates) -> GemmPlan:
     """make_plan's work, on its normalized arguments."""
     tm_req, tn_req, tk_req, pk_req = tile
     cb = _size(COMPUTE[compute][0])
@@ -265,6 +266,8 @@ def _search(m, n, k, host_dtype, compute, budget, tile, n_devices, device_type, 
                                piece_fixed=pk_req is not None, layout=layout)
         if tm_req is None and n_devices == 1 and device_type == "cuda":
             best = _wider(best, rates, layout)
+            if flat:
+                best = _flatter(best, rates, layout)
         return best
     # Cache-limited: keep a band of panels of one operand resident, stream the other.
     g = max(1, n_slots // nk - 2)
@@ -275,29 +278,65 @@ def _search(m, n, k, host_dtype, compute, budget, tile, n_devices, device_type, 
     return _replace(plan, order="cols", band=min(g, nt))
 
 
+# Opt-in until measured (bench/gemm_probe.py times such tiles; bench/gemm.py --flat-tiles
+# plans with them): the planner also tries tiles 2x and 4x wider than tall, and taller.
+FLAT_TILES = False
+
+
+def _whole_k(plan: GemmPlan, tm: int, tn: int, rates: Rates,
+             layout: tuple[bool, bool]) -> GemmPlan | None:
+    """`plan`'s product in tm x tn tiles with whole-K panels and every block cached, its
+    piece and prologue chosen by the model; None when that does not fit the budget or
+    makes too few tiles (copies and compute then barely overlap: measured slower)."""
+    m, n, k = plan.m, plan.n, plan.k
+    if cdiv(m, tm) * cdiv(n, tn) < MIN_WIDE_TILES:
+        return None
+    f = _fit(tm, tn, k, None, None, plan.host_dtype, plan.compute, plan.budget)
+    if f is None or f[0] < k:
+        return None
+    cb = _size(COMPUTE[plan.compute][0])
+    blocks = cdiv(m, tm) + cdiv(n, tn)
+    if f[2] // (max(tm, tn) * k * cb) < blocks:
+        return None
+    cand = GemmPlan(m, n, k, tm, tn, k, f[1], plan.compute, plan.host_dtype, n_slots=blocks,
+                    n_acc=2, budget=plan.budget)
+    return _maybe_prologue(cand, 1, "cuda", rates, layout=layout)
+
+
+def _better(cand: GemmPlan | None, plan: GemmPlan) -> bool:
+    """The model says `cand` is clearly (2%) faster than `plan`."""
+    return cand is not None and cand.est_seconds is not None and \
+        cand.est_seconds < 0.98 * plan.est_seconds
+
+
 def _wider(plan: GemmPlan, rates: Rates, layout: tuple[bool, bool]) -> GemmPlan:
     """One device holding everything: tiles twice as wide when the model says so. Wider
     tiles make wider copy rows (a B piece's rows are a tile wide), which 2-D copies need
     to reach the link's rate; the price is a longer wait for the first pieces."""
     if plan.est_seconds is None:
         return plan
-    m, n, k = plan.m, plan.n, plan.k
-    tm, tn = min(2 * plan.tile_m, m), min(2 * plan.tile_n, n)
-    if (tm, tn) == (plan.tile_m, plan.tile_n) or cdiv(m, tm) * cdiv(n, tn) < MIN_WIDE_TILES:
-        return plan     # few tiles: copies and compute barely overlap (measured slower)
-    f = _fit(tm, tn, k, None, None, plan.host_dtype, plan.compute, plan.budget)
-    if f is None or f[0] < k:
+    tm, tn = min(2 * plan.tile_m, plan.m), min(2 * plan.tile_n, plan.n)
+    if (tm, tn) == (plan.tile_m, plan.tile_n):
         return plan
-    cb = _size(COMPUTE[plan.compute][0])
-    blocks = cdiv(m, tm) + cdiv(n, tn)
-    if f[2] // (max(tm, tn) * k * cb) < blocks:
+    wide = _whole_k(plan, tm, tn, rates, layout)
+    return wide if _better(wide, plan) else plan
+
+
+def _flatter(plan: GemmPlan, rates: Rates, layout: tuple[bool, bool]) -> GemmPlan:
+    """FLAT_TILES: tiles 2x or 4x wider than tall, or taller than wide, when the model says
+    so. A flat tile copies wide rows of B and of its C, and the growing order then ends on
+    a panel that few tiles need: a shorter tail of C going out after the last copy in."""
+    if plan.est_seconds is None:
         return plan
-    wide = GemmPlan(m, n, k, tm, tn, k, f[1], plan.compute, plan.host_dtype, n_slots=blocks,
-                    n_acc=2, budget=plan.budget)
-    wide = _maybe_prologue(wide, 1, "cuda", rates, layout=layout)
-    if wide.est_seconds is not None and wide.est_seconds < 0.98 * plan.est_seconds:
-        return wide
-    return plan
+    best = plan
+    for t in (2048, 4096, 8192):
+        for tm, tn in ((t, 2 * t), (t, 4 * t), (2 * t, t), (4 * t, t)):
+            tm, tn = min(tm, plan.m), min(tn, plan.n)
+            if (tm, tn) != (best.tile_m, best.tile_n):
+                cand = _whole_k(plan, tm, tn, rates, layout)
+                if _better(cand, best):
+                    best = cand
+    return best
 
 
 def _replace(plan: GemmPlan, **kw) -> GemmPlan:
