@@ -414,7 +414,7 @@ def main() -> int:
                     help="stop starting new work after this many seconds (default 330)")
     ap.add_argument("--no-train", action="store_true", help="skip the training shapes")
     ap.add_argument("--flat-tiles", action="store_true", help="the planner also tries tiles "
-                    "2x and 4x wider than tall, or taller (outcore.gemm.plan.FLAT_TILES, "
+                    "2x and 4x wider than tall, or taller (outcore.gemm.lone.FLAT_TILES, "
                     "opt-in until measured)")
     ap.add_argument("--gpus", type=int, help="GPUs to use (default: every visible one; with "
                     "--smoke, that many CPU workers for the multi-device cases, default 2)")
@@ -422,8 +422,8 @@ def main() -> int:
                     "smoke: /tmp/outcore-bench/gemm-smoke.json)")
     args = ap.parse_args()
     if args.flat_tiles:
-        import outcore.gemm.plan as gemm_plan
-        gemm_plan.FLAT_TILES = True
+        import outcore.gemm.lone as lone
+        lone.FLAT_TILES = True
     t_start = time.perf_counter()
     n_gpu = 0 if args.smoke else min(args.gpus or torch.cuda.device_count(),
                                      torch.cuda.device_count())

@@ -160,10 +160,10 @@ def test_plans_are_remembered_per_shape_and_budget():
 
 
 def test_flat_tiles_are_opt_in_and_planned_apart(monkeypatch):
-    """plan.FLAT_TILES (bench/gemm.py --flat-tiles) lets the planner pick tiles wider than
+    """lone.FLAT_TILES (bench/gemm.py --flat-tiles) lets the planner pick tiles wider than
     tall where its model says so (bf16 at 32768, link-bound); off, plans are square, and
     a plan remembered with one setting is not served for the other."""
-    import outcore.gemm.plan as plan_mod
+    import outcore.gemm.lone as plan_mod
     kw = dict(host_dtype=torch.float32, compute="bf16", budget=100 << 30, n_devices=1,
               device_type="cuda")
     square = make_plan(32768, 32768, 32768, **kw)

@@ -1,0 +1,105 @@
+"""One device holding everything (the whole product fits its cache): the schedule's
+shape, chosen by the timing model (model.py).
+
+`maybe_prologue` picks the copy piece and whether to stream the first pieces of K over
+all tiles; `wider` tries tiles twice as large; `flatter` (FLAT_TILES, opt-in) tiles wider
+than tall or taller than wide. Each keeps a candidate only when the model says it is
+clearly faster.
+"""
+
+from __future__ import annotations
+
+from .model import Rates, estimate_seconds
+from .plan import COMPUTE, MIN_PIECES, MIN_WIDE_TILES, GemmPlan, _fit, _replace, _size
+from .tiles import cdiv
+
+# Opt-in until measured (bench/gemm_probe.py times such tiles; bench/gemm.py --flat-tiles
+# plans with them): the planner also tries tiles 2x and 4x wider than tall, and taller.
+FLAT_TILES = False
+
+
+def whole_k(plan: GemmPlan, tm: int, tn: int, rates: Rates,
+            layout: tuple[bool, bool]) -> GemmPlan | None:
+    """`plan`'s product in tm x tn tiles with whole-K panels and every block cached, its
+    piece and prologue chosen by the model; None when that does not fit the budget or
+    makes too few tiles (copies and compute then barely overlap: measured slower)."""
+    m, n, k = plan.m, plan.n, plan.k
+    if cdiv(m, tm) * cdiv(n, tn) < MIN_WIDE_TILES:
+        return None
+    f = _fit(tm, tn, k, None, None, plan.host_dtype, plan.compute, plan.budget)
+    if f is None or f[0] < k:
+        return None
+    cb = _size(COMPUTE[plan.compute][0])
+    blocks = cdiv(m, tm) + cdiv(n, tn)
+    if f[2] // (max(tm, tn) * k * cb) < blocks:
+        return None
+    cand = GemmPlan(m, n, k, tm, tn, k, f[1], plan.compute, plan.host_dtype, n_slots=blocks,
+                    n_acc=2, budget=plan.budget)
+    return maybe_prologue(cand, 1, "cuda", rates, layout=layout)
+
+
+def better(cand: GemmPlan | None, plan: GemmPlan) -> bool:
+    """The model says `cand` is clearly (2%) faster than `plan`."""
+    return cand is not None and cand.est_seconds is not None and \
+        cand.est_seconds < 0.98 * plan.est_seconds
+
+
+def wider(plan: GemmPlan, rates: Rates, layout: tuple[bool, bool]) -> GemmPlan:
+    """One device holding everything: tiles twice as wide when the model says so. Wider
+    tiles make wider copy rows (a B piece's rows are a tile wide), which 2-D copies need
+    to reach the link's rate; the price is a longer wait for the first pieces."""
+    if plan.est_seconds is None:
+        return plan
+    tm, tn = min(2 * plan.tile_m, plan.m), min(2 * plan.tile_n, plan.n)
+    if (tm, tn) == (plan.tile_m, plan.tile_n):
+        return plan
+    wide = whole_k(plan, tm, tn, rates, layout)
+    return wide if better(wide, plan) else plan
+
+
+def flatter(plan: GemmPlan, rates: Rates, layout: tuple[bool, bool]) -> GemmPlan:
+    """FLAT_TILES: tiles 2x or 4x wider than tall, or taller than wide, when the model says
+    so. A flat tile copies wide rows of B and of its C, and the growing order then ends on
+    a panel that few tiles need: a shorter tail of C going out after the last copy in."""
+    if plan.est_seconds is None:
+        return plan
+    best = plan
+    for t in (2048, 4096, 8192):
+        for tm, tn in ((t, 2 * t), (t, 4 * t), (2 * t, t), (4 * t, t)):
+            tm, tn = min(tm, plan.m), min(tn, plan.n)
+            if (tm, tn) != (best.tile_m, best.tile_n):
+                cand = whole_k(plan, tm, tn, rates, layout)
+                if better(cand, best):
+                    best = cand
+    return best
+
+
+def maybe_prologue(plan: GemmPlan, n_devices: int, device_type: str, rates: Rates,
+                   piece_fixed: bool = False,
+                   layout: tuple[bool, bool] = (False, False)) -> GemmPlan:
+    """One device holding everything: let the model pick the copy piece size (32..256 MiB:
+    bigger pieces, fewer and larger GEMMs; kept when the caller forced it with `tile`) and
+    whether to stream the first pieces of K over all tiles first (good when link and
+    compute are nearly balanced, e.g. tf32; the accumulators of every tile must fit as
+    well)."""
+    if n_devices != 1 or device_type != "cuda" or plan.nk != 1:
+        return plan
+    best, best_t = plan, estimate_seconds(plan, rates, layout=layout)
+    factors = (1,) if piece_fixed else (1, 2, 4, 8)
+    # at least MIN_PIECES pieces a tile (unless forced): a whole-K piece leaves nothing to
+    # overlap a tile's first GEMM with (the training shapes ran slower that way)
+    deepest = plan.tile_k if piece_fixed else max(plan.piece_k, plan.tile_k // MIN_PIECES)
+    for pk in sorted({min(f * plan.piece_k, deepest) for f in factors}):
+        q = cdiv(plan.tile_k, pk)
+        # fp32/fp64 are compute-bound on the H200: a prologue never measured faster there
+        pro = (0, q // 4, q // 2) if plan.compute in ("tf32", "bf16") else (0,)
+        for p in sorted(set(pro)):
+            cand = _replace(plan, piece_k=pk, prologue=p,
+                            n_acc=max(2, plan.mt * plan.nt) if p else 2)
+            if (p and q < 4) or cand.device_bytes() > plan.budget or cand == plan:
+                continue
+            t = estimate_seconds(cand, rates, layout=layout)
+            # a prologue must win clearly (its accumulators stay live for every tile)
+            if t < (0.95 if p else 0.98) * best_t:
+                best, best_t = cand, t
+    return _replace(best, est_seconds=best_t)
