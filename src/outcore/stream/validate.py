@@ -102,8 +102,8 @@ def check_copy_option(engine, value, held_gpu_updates) -> str | None:
         raise OutcoreError(f"host_weight_copy={value!r}: use False, True (or 'all': every "
                            "block) or 'device' (the device-updated blocks only)")
     if engine.lanes.cuda and not COPIES_ON_CUDA:
-        raise OutcoreError("host_weight_copy=True is disabled on GPUs: in a 3B run on the "
-                           "H200 it sent training back to its initial loss after 6 steps "
+        raise OutcoreError(f"host_weight_copy={value!r} is disabled on GPUs: in a 3B run on "
+                           "the H200 it sent training back to its initial loss after 6 steps "
                            "(fixed since, not yet confirmed on a GPU); leave "
                            "host_weight_copy off")
     if engine.compute_dtype.itemsize != 2:
