@@ -76,18 +76,19 @@ class DeviceUpdater:
         grew = 0
         for g in gs:
             if g not in self.groups and self.e.groups[g].numel:
-                if self.e.lanes.cuda:
+                refresh = self.e.copy_mode == "device" and self.e.host.copy[g] is not None
+                if self.e.lanes.cuda or refresh:
                     # Host wait ('auto' enables between steps): g's CPU update of this step
-                    # may be running on the worker, and pin_ copies a small m, v (< 4 MiB):
-                    # the copy must not be taken while the worker still writes the old one.
+                    # may be running on the worker, and what follows reads or copies what
+                    # the worker writes (its master, its m and v).
                     self.e.schedule.wait(g)
-                    # Pinned once: DMA in and out every step.
+                if self.e.lanes.cuda:
+                    # Pinned once: DMA in and out every step (pin_ copies a small m, v).
                     self.e.opt.m[g] = pin_(self.e.opt.m[g])
                     self.e.opt.v[g] = pin_(self.e.opt.v[g])
-                if self.e.copy_mode == "device" and self.e.host.copy[g] is not None:
-                    # Host wait, then a host cast: only device updates write the copies in
-                    # this mode, so g's is as old as the last one; the next forward loads it.
-                    self.e.schedule.wait(g)
+                if refresh:
+                    # A host cast: only device updates write the copies in this mode, so
+                    # g's is as old as the last one; the next forward loads it.
                     self.e.host.refresh(g)
                 self.groups.add(g)
                 if not g:
