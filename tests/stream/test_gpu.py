@@ -118,9 +118,11 @@ def test_budget_is_kept_while_adamw_moves_to_the_device():
     eng.close()
 
 
-def test_host_weight_copy_is_refused_on_gpu():
+def test_host_weight_copy_is_refused_on_gpu(monkeypatch):
     from outcore.errors import OutcoreError
     from outcore.models import decoder
+    from outcore.stream import validate
+    monkeypatch.setattr(validate, "COPIES_ON_CUDA", False)   # OUTCORE_GPU_HOST_COPIES=1 too
     with pytest.raises(OutcoreError, match="disabled on GPUs"):   # until a GPU run confirms
         outcore.Engine(decoder("tiny"), device="cuda", compute_dtype=torch.bfloat16,
                        host_weight_copy=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import os
 
 import torch
 
@@ -86,8 +87,9 @@ def forward_kwargs(params, batch: dict, to_device) -> dict:
 # write-back event as the slot's read_back): a slot reused by the next forward forgot
 # that its write-back had not yet read it, and the copies' extra d2h bytes made that
 # stream run far enough behind for another block to overwrite it. tests/stream/test_gpu.py
-# sets this flag to run its reproductions.
-COPIES_ON_CUDA = False
+# sets this flag to run its reproductions; OUTCORE_GPU_HOST_COPIES=1 sets it for a run
+# (bench/stream_ab.py, once those tests have passed on the same machine).
+COPIES_ON_CUDA = os.environ.get("OUTCORE_GPU_HOST_COPIES") == "1"
 
 
 def check_copy_option(engine, value, held_gpu_updates) -> str | None:
@@ -105,7 +107,7 @@ def check_copy_option(engine, value, held_gpu_updates) -> str | None:
         raise OutcoreError(f"host_weight_copy={value!r} is disabled on GPUs: in a 3B run on "
                            "the H200 it sent training back to its initial loss after 6 steps "
                            "(fixed since, not yet confirmed on a GPU); leave "
-                           "host_weight_copy off")
+                           "host_weight_copy off (OUTCORE_GPU_HOST_COPIES=1 to try it)")
     if engine.compute_dtype.itemsize != 2:
         raise OutcoreError("host_weight_copy=True keeps 16-bit copies for a 16-bit compute "
                            f"dtype, not {engine.compute_dtype}: use compute_dtype="
