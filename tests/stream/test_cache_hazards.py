@@ -3,6 +3,7 @@ the H200): the streams are recorded by a fake, so the waits are checked on the C
 
 import contextlib
 
+import pytest
 import torch
 
 from outcore.stream.device import DeviceCache
@@ -84,3 +85,18 @@ def test_rest_is_not_reloaded_over_its_write_back():
     c.invalidate(0)                            # rest's AdamW went back to the CPU
     c.acquire_rest(torch.zeros(4), after="d2h#rest-writeback")
     assert ("h2d", "d2h#rest-writeback") in lanes.waits
+
+
+def test_ring_never_hands_out_a_buffer_not_given_back():
+    """Takes out of the order of their gives (backward's first device-updated block takes
+    its m, v after the next block's): the third take must not get the held buffer."""
+    from outcore.stream.ring import Ring
+    from outcore.transfer import Lanes
+    ring = Ring(Lanes(torch.device("cpu")), 2, 4)
+    a, _ = ring.take()
+    b, _ = ring.take()
+    ring.give(b, None)
+    c, _ = ring.take()
+    assert c == b != a
+    with pytest.raises(RuntimeError, match="in use"):
+        ring.take()

@@ -119,3 +119,26 @@ def test_device_side_updates_match(family, groups):
     assert got == pytest.approx(want, rel=1e-5)
     assert_params_match(engine, ref)
     engine.close()
+
+
+@pytest.mark.parametrize("which", ["all", "last3"])
+def test_device_side_updates_from_the_top_of_backward_match(which):
+    """Three or more device-updated blocks from backward's first block on: the m, v ring of
+    two buffers once gave the third block's m, v the buffer still holding the second's
+    (the first block's were taken late, at its update): wrong updates on the CPU, NaN on
+    the H200."""
+    from outcore.models import decoder
+    torch.manual_seed(1)
+    model = decoder("tiny", vocab=96, max_seq=64, layers=6)
+    ref = copy.deepcopy(model)
+    gen = torch.Generator().manual_seed(2)
+    batches = [batch_for("decoder", gen) for _ in range(3)]
+    want = plain_steps(ref, batches, None, None)
+    engine = outcore.Engine(model, optimizer=outcore.AdamW(lr=LR, eps=EPS, weight_decay=WD),
+                            device="cpu", gpu_updates=0)
+    n = len(engine.groups)
+    engine.updater.enable(list(range(n)) if which == "all" else [n - 3, n - 2, n - 1])
+    got = [engine.train_step(b) for b in batches]
+    assert got == pytest.approx(want, rel=1e-5)
+    assert_params_match(engine, ref)
+    engine.close()

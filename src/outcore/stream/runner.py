@@ -150,6 +150,9 @@ class BlockRunner:
         e = self.e
         hidden = e.stash.take(g)
         w32, w = self._weights(g, backward=True)
+        # This block's m, v (a device-updated group) before block g-1's: backward's first
+        # block has had no earlier block to start them.
+        e.updater.prefetch(g)
         # Prefetch block g-1's weights and checkpoint while this block computes.
         e.prefetch_backward(g - 1)
         B = hidden.shape[0]
