@@ -164,6 +164,7 @@ def main() -> int:
               f"{row['copy_wait_s']:.3f}  opt wait {row['optimizer_wait_s']:.3f}  groups "
               f"{row['device_updated_groups']}", flush=True)
         doc["runs"].append(row)
+        common.write(doc, args.out or f"stream-diag-{common.machine_name()}")   # so far
     if not args.no_probe:
         doc["nan_probe"] = nan_probe(args.device)
         for r in doc["nan_probe"]:

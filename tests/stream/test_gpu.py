@@ -198,3 +198,36 @@ def test_device_updates_survive_a_d2h_stream_running_behind(monkeypatch, copies)
     assert l1 == pytest.approx(l0, rel=1e-3)
     for a, b in zip(m0, m1):
         assert torch.allclose(a, b, rtol=1e-3, atol=1e-5)
+
+
+def test_engines_one_after_another_unregister_their_pinned_memory():
+    """close() unregisters what the engine pinned in place (masters, moved m and v, pool
+    buffers): a freed range left registered made the next Engine's cudaHostRegister of the
+    same addresses fail ('already mapped'), and every kernel after it."""
+    from outcore.memory import pinned
+    from outcore.models import decoder
+    for _ in range(3):
+        eng = outcore.Engine(decoder("125m", layers=4, max_seq=256), device="cuda",
+                             compute_dtype=torch.bfloat16, gpu_updates=0)
+        eng.updater.enable(list(range(len(eng.groups))))
+        x = torch.randint(0, 32000, (4, 256))
+        eng.train_step({"input_ids": x, "labels": x})
+        assert pinned._REGISTERED
+        eng.close()
+        assert not pinned._REGISTERED
+        del eng
+    assert (torch.ones(4, device="cuda") + 1).sum().item() == 8
+
+
+def test_a_failed_registration_leaves_no_error_for_the_next_kernel():
+    from outcore.memory import clear_cuda_error
+    t = torch.empty(2 << 20)   # 8 MiB: registered in place
+    rt = torch.cuda.cudart()
+    ptr = t.untyped_storage().data_ptr()
+    assert int(rt.cudaHostRegister(ptr, t.untyped_storage().nbytes(), 0)) == 0
+    try:
+        assert int(rt.cudaHostRegister(ptr, t.untyped_storage().nbytes(), 0)) != 0
+        clear_cuda_error()
+        assert (torch.ones(4, device="cuda") + 1).sum().item() == 8
+    finally:
+        rt.cudaHostUnregister(ptr)

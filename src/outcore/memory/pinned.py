@@ -13,6 +13,7 @@ Without CUDA both fall back to ordinary memory, so the CPU path runs the same co
 
 from __future__ import annotations
 
+import ctypes
 import resource
 import threading
 from collections import defaultdict
@@ -33,10 +34,34 @@ _REGISTERED: set[int] = set()   # storage pointers pin_ registered (unpin_ undoe
 _REG_LOCK = threading.RLock()
 
 
+def _loaded_cudart():
+    """The CUDA runtime library this process loaded (torch's), by its path in
+    /proc/self/maps, or None (Linux only; a torch that links it statically)."""
+    try:
+        with open("/proc/self/maps") as f:
+            paths = {ln.split()[-1] for ln in f if "libcudart.so" in ln}
+    except OSError:
+        return None
+    for path in sorted(paths):
+        try:
+            return ctypes.CDLL(path)   # the same handle: dlopen of a loaded library
+        except OSError:
+            continue
+    return None
+
+
 def clear_cuda_error() -> None:
     """A failed cudart call also leaves its code as the runtime's last error, which the
-    next kernel launch of the process would raise as its own: read it to clear it."""
-    torch.cuda.cudart().cudaGetLastError()
+    next kernel launch of the process would raise as its own: read it to clear it.
+    torch.cuda.cudart() has no cudaGetLastError in torch 2.11 (an AttributeError there hid
+    the real failure and left the error for the next kernel): the loaded library's own."""
+    rt = torch.cuda.cudart()
+    if hasattr(rt, "cudaGetLastError"):
+        rt.cudaGetLastError()
+        return
+    lib = _loaded_cudart()
+    if lib is not None:
+        lib.cudaGetLastError()
 
 
 def pin_(t: torch.Tensor) -> torch.Tensor:
@@ -72,6 +97,26 @@ def unpin_(t: torch.Tensor) -> None:
         clear_cuda_error()
 
 
+def unpin_all(tensor_lists, pools) -> None:
+    """Unregister what pin_ registered among `tensor_lists` (lists of tensors or None, read
+    now: their entries may have been replaced since) and every buffer of `pools`. An owner
+    of registered memory calls this before the memory can be freed: a freed range that is
+    still registered makes a later cudaHostRegister of the same addresses fail (a second
+    Engine in one process failed so on the H200)."""
+    if not _cuda_ok():
+        return
+    with _REG_LOCK:
+        if not _REGISTERED:
+            return
+    torch.cuda.synchronize()   # host sync: no copy may still read or write these pages
+    for ts in tensor_lists:
+        for t in ts:
+            if t is not None:
+                unpin_(t)
+    for pool in pools:
+        pool.close()
+
+
 class PinnedPool:
     """Pinned staging buffers, reused by (numel, dtype).
 
@@ -84,6 +129,7 @@ class PinnedPool:
         self._free: dict[tuple[int, torch.dtype], list[torch.Tensor]] = defaultdict(list)
         self._lock = threading.Lock()
         self._pending: list[tuple[object, torch.Tensor]] = []
+        self._made: list[torch.Tensor] = []   # every buffer get() allocated (for close)
         self.bytes_allocated = 0
 
     def _reclaim(self) -> None:
@@ -104,7 +150,20 @@ class PinnedPool:
                 return self._free[key].pop()
             self.bytes_allocated += numel * torch.empty((), dtype=dtype).element_size()
         t = torch.empty(numel, dtype=dtype)
-        return pin_(t) if self.pin else t
+        t = pin_(t) if self.pin else t
+        with self._lock:
+            self._made.append(t)
+        return t
+
+    def close(self) -> None:
+        """Unregister every buffer this pool pinned in place and forget them all (the
+        caller has synchronized: no copy uses them)."""
+        with self._lock:
+            made, self._made = self._made, []
+            self._free.clear()
+            self._pending = []
+        for t in made:
+            unpin_(t)
 
     def put(self, t: torch.Tensor, after=None) -> None:
         """Return `t`; with `after` (an event) it is reused only once that event is done."""

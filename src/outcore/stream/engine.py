@@ -17,13 +17,14 @@ from __future__ import annotations
 import inspect
 import math
 import time
+import weakref
 
 import torch
 from torch import nn
 from torch.func import functional_call
 
 from ..errors import OutcoreError
-from ..memory import PinnedPool
+from ..memory import PinnedPool, unpin_all
 from ..transfer import Lanes
 from ..units import parse_bytes
 from .blocks import build_groups, find_blocks
@@ -94,12 +95,18 @@ class Engine(StepFlow, StepAccounting):
         check_host_room(self.groups, self.hold_updates, bool(host_weight_copy), STAGED_GRADS,
                         shards=getattr(self, "world", 1))   # a ShardedEngine's rank: 1/world
         self.host = self._host_state()
+        # What pin_ registered in place must be unregistered before its memory can be
+        # freed (close(), or this engine's collection): see memory.unpin_all.
+        self._pinned, self._pools = [self.host.master, self.host.copy], [self.host.grad_pool]
+        self._unpin = weakref.finalize(self, unpin_all, self._pinned, self._pools)
+        self._unpin.atexit = False   # at exit the process's registrations end with it
         # None, "all" (True) or "device": which groups' passes load 16-bit copies
         self.copy_mode = check_copy_option(self, host_weight_copy, held_gpu_updates)
         if self.copy_mode:
             self.host.keep_copies(compute_dtype)
         self._host_changed = False   # set by .model: the caller may have edited weights
         self.opt = GroupOptimizers(self.host.master, self.optimizer_config)
+        self._pinned += [self.opt.m, self.opt.v]   # pinned by enable(): the lists, read late
         self.cache = self._device_cache()
         # Gradient buffers of the blocks, as large as a slot, reused in turn (ring.py).
         self.grad_ring = Ring(self.lanes, 3, self.cache.slots[0].buf.numel()
@@ -107,6 +114,7 @@ class Engine(StepFlow, StepAccounting):
         self.stash = ActivationStash(self.lanes, PinnedPool(pin=self.lanes.cuda))
         self.peaks = PeakWatch.for_device(self.stash, self.device, self.lanes.cuda)
         self.edges = StepEdges(self.lanes, PinnedPool(pin=self.lanes.cuda))
+        self._pools += [self.stash.pool, self.edges.pool]
         self.runner = BlockRunner(self)
         self.schedule = UpdateSchedule(self._apply_update)
         # Gradients staged in pinned host memory for the CPU AdamW at once (None: no cap;
@@ -318,3 +326,4 @@ class Engine(StepFlow, StepAccounting):
     def close(self) -> None:
         self.synchronize()
         self.schedule.close()
+        self._unpin()   # the model's parameters stay usable: pageable from here on
