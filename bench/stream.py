@@ -359,7 +359,6 @@ def main() -> None:
     if args.append:
         doc = appended(doc, name)
     doc["alloc_conf"] = ALLOC_CONF or "default"
-    doc["gpu_host_copies_env"] = os.environ.get("OUTCORE_GPU_HOST_COPIES", "")
     doc["timing"] = ("step_s: median wall time of one step (ending at its loss.item()) over "
                      "the measured steps after warm-up; window_step_s: the measured steps' "
                      "total between two full device synchronizations, per step")

@@ -25,9 +25,9 @@ VARIANTS = {  # name: bench/stream.py flags (session 5's NOTES, "Next GPU sessio
     "tune": ["--tune-updates", "--tune-trials", "8", "--warmup", "30",
              "--max-extra-warmup", "40"],
     # The host copies ran in session 6 (slower, and the loss jumped back: a write-back
-    # race, fixed since); the engine refuses them on a GPU until the GPU tests confirm the
-    # fix (stream/validate.py COPIES_ON_CUDA). Then: every block's copies, or only the
-    # device-updated blocks' (no cast on the CPU, whose AdamW it slowed).
+    # race, fixed since; the GPU tests that reproduce it passed in session 7): every
+    # block's copies, or only the device-updated blocks' (no cast on the CPU, whose AdamW
+    # it slowed).
     "copy": ["--host-weight-copy"],
     "device-copy": ["--device-weight-copy"],
     "settle": ["--settle-compiles"],

@@ -42,8 +42,7 @@ def _train_parser(sub) -> None:
                    "kernels (faster on a GPU; a compile of a few seconds to a minute first)")
     p.add_argument("--host-weight-copy", action="store_true", default=None,
                    help="keep 16-bit copies of the blocks' weights on the host and load them "
-                   "where fp32 is not needed (bf16 compute; +2 B/param of host memory; "
-                   "CPU only for now: disabled on GPUs, see the README)")
+                   "where fp32 is not needed (bf16 compute; +2 B/param of host memory)")
     p.add_argument("--seed", type=int)
     p.add_argument("--nproc", type=int, help="data-parallel ranks on this machine (re-runs "
                    "itself under torchrun; host state sharded over them)")

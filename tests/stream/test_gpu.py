@@ -118,25 +118,13 @@ def test_budget_is_kept_while_adamw_moves_to_the_device():
     eng.close()
 
 
-def test_host_weight_copy_is_refused_on_gpu(monkeypatch):
-    from outcore.errors import OutcoreError
-    from outcore.models import decoder
-    from outcore.stream import validate
-    monkeypatch.setattr(validate, "COPIES_ON_CUDA", False)   # OUTCORE_GPU_HOST_COPIES=1 too
-    with pytest.raises(OutcoreError, match="disabled on GPUs"):   # until a GPU run confirms
-        outcore.Engine(decoder("tiny"), device="cuda", compute_dtype=torch.bfloat16,
-                       host_weight_copy=True)
-
-
 @pytest.mark.parametrize("compiled", [False, True])
-def test_host_weight_copy_on_gpu_trains_like_without(monkeypatch, compiled):
+def test_host_weight_copy_on_gpu_trains_like_without(compiled):
     """Session 6's failing run in miniature: more blocks than slots, groups moved to the
     device in three stages as the planner did, a device synchronize before one step, the
     same batch every step. The losses follow the engine without copies (bf16 kernel noise)
     and every block's 16-bit copy is its master's cast."""
     from outcore.models import decoder
-    from outcore.stream import validate
-    monkeypatch.setattr(validate, "COPIES_ON_CUDA", True)
     runs = []
     for copies in (False, True):
         torch.manual_seed(0)
@@ -171,8 +159,7 @@ def test_device_updates_survive_a_d2h_stream_running_behind(monkeypatch, copies)
     after the next forward has used it and the slot is wanted for another block. The
     losses and masters match an engine without the delay."""
     from outcore.models import decoder
-    from outcore.stream import device_update, validate
-    monkeypatch.setattr(validate, "COPIES_ON_CUDA", True)
+    from outcore.stream import device_update
     real = device_update.DeviceUpdater.update
 
     def behind(self, g, *args, **kw):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import inspect
-import os
 
 import torch
 
@@ -80,34 +79,17 @@ def forward_kwargs(params, batch: dict, to_device) -> dict:
     return out
 
 
-# host_weight_copy on a GPU: off until a GPU run confirms the fix. In session 6's 3b-16k
-# runs on the H200 (bench/results/stream-h200-ab-copy*.json, bench/NOTES.md) training went
-# back to its initial loss at the 7th step. The probable cause, found by reading the code
-# afterwards and fixed in device.py (DeviceCache.release keeps a device update's
-# write-back event as the slot's read_back): a slot reused by the next forward forgot
-# that its write-back had not yet read it, and the copies' extra d2h bytes made that
-# stream run far enough behind for another block to overwrite it. tests/stream/test_gpu.py
-# sets this flag to run its reproductions; OUTCORE_GPU_HOST_COPIES=1 sets it for a run
-# (bench/stream_ab.py, once those tests have passed on the same machine).
-COPIES_ON_CUDA = os.environ.get("OUTCORE_GPU_HOST_COPIES") == "1"
-
-
 def check_copy_option(engine, value, held_gpu_updates) -> str | None:
     """Engine(host_weight_copy=...): False (None: no copies), True or "all" (every block's
     copy, refreshed by the CPU AdamW too) or "device" (only the device-updated blocks load
     their copy, which the device writes; the CPU AdamW casts nothing). 16-bit compute, one
-    process, no held device updates, not on a GPU (COPIES_ON_CUDA)."""
+    process, no held device updates."""
     if value is False or value is None:
         return None
     mode = "all" if value is True else value
     if mode not in ("all", "device"):
         raise OutcoreError(f"host_weight_copy={value!r}: use False, True (or 'all': every "
                            "block) or 'device' (the device-updated blocks only)")
-    if engine.lanes.cuda and not COPIES_ON_CUDA:
-        raise OutcoreError(f"host_weight_copy={value!r} is disabled on GPUs: in a 3B run on "
-                           "the H200 it sent training back to its initial loss after 6 steps "
-                           "(fixed since, not yet confirmed on a GPU); leave "
-                           "host_weight_copy off (OUTCORE_GPU_HOST_COPIES=1 to try it)")
     if engine.compute_dtype.itemsize != 2:
         raise OutcoreError("host_weight_copy=True keeps 16-bit copies for a 16-bit compute "
                            f"dtype, not {engine.compute_dtype}: use compute_dtype="
