@@ -191,6 +191,8 @@ class DeferredUpdates:
         hbuf, hsq, done, scale, lr = self.pending.pop(g)
         host_wait(done)  # host sync: the gradient's d2h copy must have landed
         host_wait(e.host_ready.pop(g, None))  # host sync: an earlier device update's d2h
+        # host sync: and its m, v, which that d2h sends after the weights (device_update.py)
+        host_wait(e.updater.ready_events.get(g))
         e.opt.step(g, hbuf, scale, lr=lr)
         e.cache.invalidate(g)    # the master changed: any device copy of it is stale
         e.host.grad_pool.put(hbuf)

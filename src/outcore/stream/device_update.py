@@ -67,7 +67,12 @@ class DeviceUpdater:
         self._mv: dict[int, tuple[torch.Tensor, torch.Tensor, object, int | None]] = {}
         self._ring = None  # 2 buffers of m|v for blocks (rest's are allocated per step)
         self._ring16 = None  # 2 buffers for the 16-bit copies of updated blocks
-        self.ready_events: dict[int, object] = {}
+        self.ready_events: dict[int, object] = {}   # g's last write-back, m and v too
+        # The event after which g's host weights (master, and its 16-bit copy) are current:
+        # what the next load of g waits for (Engine.host_ready). The write-back sends them
+        # before m and v, which only the next device update reads, so a load does not also
+        # wait for 8 B/param of m and v behind them on the d2h stream.
+        self.weights_ready: dict[int, object] = {}
         self.bytes_h2d = 0
         self.bytes_d2h = 0
 
@@ -186,13 +191,14 @@ class DeviceUpdater:
             # Stream wait: the update is enqueued on the compute stream.
             lanes.wait(lanes.d2h, lanes.event())
             e.host.master[g].copy_(w32, non_blocking=True)
-            e.opt.m[g].copy_(m, non_blocking=True)
-            e.opt.v[g].copy_(v, non_blocking=True)
             if copy is not None:
                 copy.copy_(w16, non_blocking=True)
+            weights = lanes.event(lanes.d2h)
+            e.opt.m[g].copy_(m, non_blocking=True)
+            e.opt.v[g].copy_(v, non_blocking=True)
             done = lanes.event(lanes.d2h)
         if copy is not None:
-            self._ring16.give(i16, done)   # buffer reuse: after the d2h copy read it
+            self._ring16.give(i16, weights)   # buffer reuse: after the d2h copy read it
             self.bytes_d2h += copy.numel() * copy.element_size()
         if ring_i is not None:
             self._ring.give(ring_i, done)  # buffer reuse: after the d2h copy read m, v
@@ -206,16 +212,17 @@ class DeviceUpdater:
             e.nonfinite_check(g, sq)
         self.bytes_d2h += 12 * w32.numel()
         self.ready_events[g] = done
+        self.weights_ready[g] = weights
         e.cache.updated_in_place(g, w32)
         return done
 
     def ready(self, g: int):
         """Event after which group g's host master is current (None: it already is)."""
-        return self.ready_events.get(g)
+        return self.weights_ready.get(g)
 
     def synchronize(self) -> None:
-        for ev in self.ready_events.values():
-            host_wait(ev)  # host sync: the host masters must be final (save, model access)
+        for ev in list(self.ready_events.values()) + list(self.weights_ready.values()):
+            host_wait(ev)  # host sync: the host state must be final (save, model access)
 
     def plan(self, step_s: float, opt_wait_s: float, cpu_busy_s: float, cpu_params: int):
         """Feedback: if the last step waited for CPU updates, move that much work over.

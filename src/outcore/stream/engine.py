@@ -124,7 +124,9 @@ class Engine(StepFlow, StepAccounting):
         self.timer = ComputeTimer(self.lanes.cuda)
         self.stats = StepStats()
         self.updater = DeviceUpdater(self)
-        self.host_ready = self.updater.ready_events
+        # g's host weights are current after this event (a device update's or a held
+        # update's write-back): every load of g waits for it.
+        self.host_ready = self.updater.weights_ready
         self.gpu_updates = check_gpu_updates(gpu_updates, self.hold_updates,
                                              self.lanes.cuda)
         if isinstance(self.gpu_updates, int) and self.gpu_updates > 0:
