@@ -52,7 +52,7 @@ def make_model(size: str, layers: int | None = None, fused_norm: bool = False,
 
 MODEL_SWITCHES = ("fused_norm", "compiled")   # the same model for every system
 OUTCORE_SWITCHES = ("full_recompute", "tune_updates", "host_weight_copy", "device_weight_copy",
-                    "settle_compiles")
+                    "settle_compiles", "balance_updates")
 
 
 def switches(args, names) -> list[str]:
@@ -80,6 +80,7 @@ def run_outcore(args) -> dict:
                          device="cuda", micro_batch_size=args.micro or None,
                          max_grad_norm=args.clip, held_gpu_updates=_held(args),
                          gpu_memory=args.gpu_memory,
+                         gpu_updates="balance" if args.balance_updates else "auto",
                          host_weight_copy="device" if args.device_weight_copy
                          else args.host_weight_copy,
                          verbose=True)
@@ -143,6 +144,7 @@ def run_outcore(args) -> dict:
             "device_updated_params": sum(eng.groups[g].numel for g in eng.updater.groups),
             "clip": args.clip, "held_gpu_updates": args.held_gpu_updates,
             "update_tuning": eng.updater.tuner.log if eng.updater.tuner else None,
+            "balance_log": eng.updater.balancer.log if eng.updater.balancer else None,
             "deferred_blocks": sorted(eng.deferred.groups),
             "deferred_params": sum(eng.groups[g].numel for g in eng.deferred.groups)}
 
@@ -320,11 +322,13 @@ def main() -> None:
                     "(stream/tune.py; from step 9, about 6 steps a trial: use --warmup 30)")
     ap.add_argument("--host-weight-copy", action="store_true", help="outcore keeps 16-bit "
                     "copies of the blocks' weights on the host and loads them where fp32 is "
-                    "not needed (Engine(host_weight_copy=True); +2 B/param of host memory; the "
-                    "engine refuses it on a GPU until a GPU run confirms session 6's fix)")
+                    "not needed (Engine(host_weight_copy=True); +2 B/param of host memory)")
     ap.add_argument("--device-weight-copy", action="store_true", help="as --host-weight-copy "
                     "for the device-updated blocks only (Engine(host_weight_copy='device')): "
                     "the CPU AdamW casts nothing, CPU-updated blocks load fp32")
+    ap.add_argument("--balance-updates", action="store_true", help="outcore picks the "
+                    "device-updated groups from a model of the step's queues, moving them "
+                    "either way (Engine(gpu_updates='balance'), stream/balance.py)")
     ap.add_argument("--settle-compiles", action="store_true", help="outcore's device-update "
                     "planner skips steps in which torch.compile built kernels")
     ap.add_argument("--tune-trials", type=int, default=4, help="--tune-updates: groups "

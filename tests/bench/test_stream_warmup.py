@@ -21,7 +21,7 @@ class FakeEngine:
         self.runner = SimpleNamespace(tail=SimpleNamespace(enabled=True, skipping=lambda: []))
         tuner = SimpleNamespace(busy=lambda: self.n < self.tuning_until, log=[]) \
             if self.tuning_until else None
-        self.updater = SimpleNamespace(order="tail", tuner=tuner, groups=set())
+        self.updater = SimpleNamespace(order="tail", tuner=tuner, groups=set(), balancer=None)
         self.stats = SimpleNamespace(compute_s=0.1, copy_wait_s=0.0, optimizer_wait_s=0.0,
                                      peak_device_bytes=0, peak_reserved_bytes=0,
                                      alloc_retries=0)
@@ -62,7 +62,7 @@ def test_warmup_waits_for_the_planner(monkeypatch, moves_after, tuning_until, wa
                               tokens=64, seq=16, warmup=6, steps=5, max_extra_warmup=4,
                               profile=False, host_weight_copy=False, device_weight_copy=False,
                               tune_trials=4,
-                              settle_compiles=False)
+                              settle_compiles=False, balance_updates=False)
     r = bench.run_outcore(args)
     assert r["warmup_steps"] == warmup_steps and r["plan_settled"] is settled
     assert len(r["losses"]) == warmup_steps + 5

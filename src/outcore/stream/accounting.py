@@ -62,7 +62,7 @@ class StepAccounting:
             paused = planner is self.updater and (
                 (tuner is not None and tuner.busy())
                 or (compiled and self.updater.settle_compiles))
-            if mode == "auto" and due and not paused:
+            if mode in ("auto", "balance") and due and not paused:
                 added = planner.plan(self.stats.step_s, self.stats.optimizer_wait_s,
                                      self._cpu_busy_s, self._cpu_params)
                 if added and self.verbose:

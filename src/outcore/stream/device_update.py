@@ -25,20 +25,22 @@ from ..transfer import host_wait
 
 def check_option(v, hold_updates: bool, cuda: bool):
     """Engine(gpu_updates=...): 0 (off), 'auto' (groups added while the step waits for
-    CPU updates; CUDA only) or a number of blocks, with rest, to update on the device."""
+    CPU updates; CUDA only), 'balance' (opt-in, balance.py: the groups a model of the
+    step's queues picks, moved either way; CUDA only) or a number of blocks, with rest,
+    to update on the device."""
     if v in (None, 0, "off"):
         return 0
-    if v == "auto":
+    if v in ("auto", "balance"):
         # Device-side updates cannot wait for a global norm without holding gradients
         # on the device, so clipping keeps every update on the CPU (see deferred.py).
-        return "auto" if cuda and not hold_updates else 0
+        return v if cuda and not hold_updates else 0
     if isinstance(v, int) and not isinstance(v, bool) and v >= 0:
         if hold_updates and v > 0:
             raise OutcoreError("gpu_updates > 0 cannot be combined with max_grad_norm or "
                                "skip_nonfinite: they need every gradient before any update")
         return v
-    raise OutcoreError(f"gpu_updates={v!r}: use 'auto', 0 or the number of blocks to "
-                       "update on the device")
+    raise OutcoreError(f"gpu_updates={v!r}: use 'auto', 'balance', 0 or the number of "
+                       "blocks to update on the device")
 
 
 HEAD_BLOCKS = 3   # 'interleave' order: blocks 1..3 first, whole (the next forward's first)
@@ -63,6 +65,10 @@ class DeviceUpdater:
         self.order = "tail"
         self.tuner = None   # tune.UpdateTuner, opt-in: hands groups back while it pays
         self.settle_compiles = False   # opt-in: no planning from a step that compiled
+        # "backlog" (move while the step waits for the CPU, never back) or "balance"
+        # (opt-in, balance.py: the shortest predicted step, moving either way)
+        self.policy = "backlog"
+        self.balancer = None
         self.groups: set[int] = set()
         self._mv: dict[int, tuple[torch.Tensor, torch.Tensor, object, int | None]] = {}
         self._ring = None  # 2 buffers of m|v for blocks (rest's are allocated per step)
@@ -231,7 +237,16 @@ class DeviceUpdater:
         CPU update) times the CPU's update rate seen this step is the backlog the CPU could
         not absorb; that many parameters (plus one group of margin) move to the device,
         taken from the end of backward (rest, block 1, 2, ...). Never moves groups back.
+        With policy "balance" (balance.py) the groups come from a model of the step instead.
         """
+        if self.policy == "balance":
+            if self.balancer is None:
+                from .balance import Balancer
+                self.balancer = Balancer(self)
+            return self.balancer.plan(self.e.stats.compute_s, cpu_busy_s, cpu_params)
+        if self.policy != "backlog":
+            raise OutcoreError(f"device update policy {self.policy!r}: use 'backlog' or "
+                               "'balance'")
         added = self.affordable(backlog_groups(self.e.groups, self.groups,
                                                self.candidates(), step_s, opt_wait_s,
                                                cpu_busy_s, cpu_params))

@@ -129,6 +129,8 @@ class Engine(StepFlow, StepAccounting):
         self.host_ready = self.updater.weights_ready
         self.gpu_updates = check_gpu_updates(gpu_updates, self.hold_updates,
                                              self.lanes.cuda)
+        if self.gpu_updates == "balance":
+            self.updater.policy = "balance"
         if isinstance(self.gpu_updates, int) and self.gpu_updates > 0:
             self.updater.enable(self.updater.candidates()[:self.gpu_updates + 1])
         self._cpu_busy_s = 0.0

@@ -1,0 +1,126 @@
+"""Which groups' AdamW runs on the device, chosen from a model of the step's three queues.
+
+The default planner (device_update.backlog_groups) moves groups to the device while the
+step waits for the CPU, and never back. Each moved group costs PCIe time: its m and v
+cross to the device and back (8 B/param each way) and its master comes back (12 B/param
+out instead of a 4 B/param gradient). On the H200 at 3b-16k that planner moved 22 blocks
+and rest after the first, compile-slowed steps (stream-h200.json, session 7): the step
+became h2d-bound (about 44 GB in at ~50 GB/s against 0.67 s of compute).
+
+The `balance` policy (opt-in, unmeasured on a GPU) instead predicts a step as the longest
+of four queues (compute, h2d bytes / link rate, d2h bytes / link rate, CPU-updated params
+/ the CPU's measured AdamW rate) for every prefix of the candidate order and keeps the
+shortest, moving groups either way. The rates only steer: a wrong one costs speed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Bytes per second each way while both directions run and the CPU AdamW shares host DRAM
+# (../shared/DESIGN.md, measured on the H200: 88 GB/s both ways together under AdamW).
+LINK_BPS = 44e9
+# The CPU AdamW's rate before a step has measured one (every group on the device measures
+# none): DESIGN.md's 2.5 G params/s on the H200's 16 cores while copies run both ways.
+CPU_PRIOR = 2.5e9
+HYSTERESIS = 0.97   # a new choice must predict a step at least 3% shorter
+
+
+@dataclass(frozen=True)
+class Rates:
+    """compute_s: the step's GPU compute; cpu_params_per_s: the CPU AdamW's rate as the
+    last steps measured it (under copy traffic); link_bps: each PCIe direction."""
+    compute_s: float
+    cpu_params_per_s: float
+    link_bps: float = LINK_BPS
+
+
+def traffic(numels: list[int], device: set[int], copy_mode: str | None,
+            n_slots: int) -> tuple[int, int, int]:
+    """(h2d bytes, d2h bytes, CPU-updated params) of one step whose `device` groups update
+    on the device. numels[0] is rest (resident: reloaded after a CPU update of it);
+    blocks 1..n-1 are loaded in forward and again in backward, except cache hits: the
+    first n_slots blocks of forward when their update was made in their slot, the last
+    n_slots of forward in backward (their fp32 still there, unless forward loaded a copy
+    and backward needs fp32)."""
+    n = len(numels)
+    h2d = d2h = cpu = 0
+    for g, k in enumerate(numels):
+        dev = g in device
+        copy_fwd = copy_mode == "all" or (copy_mode == "device" and dev)
+        if g == 0:
+            h2d += 0 if dev else 4 * k   # resident; reloaded after a CPU update of it
+        else:
+            if not (dev and g <= n_slots):
+                h2d += (2 if copy_fwd else 4) * k
+            tail = g > n - 1 - n_slots
+            if not (tail and not (dev and copy_fwd)):
+                h2d += (4 if dev or copy_mode != "all" else 2) * k
+        if dev:
+            h2d += 8 * k                                  # m, v in
+            d2h += 12 * k + (2 * k if copy_mode and g else 0)   # master, m, v (and copy) out
+        else:
+            d2h += 4 * k                                  # the gradient
+            cpu += k
+    return h2d, d2h, cpu
+
+
+def predict(numels, device, copy_mode, n_slots, rates: Rates) -> float:
+    """The step's predicted seconds: its longest queue."""
+    h2d, d2h, cpu = traffic(numels, device, copy_mode, n_slots)
+    return max(rates.compute_s, h2d / rates.link_bps, d2h / rates.link_bps,
+               cpu / rates.cpu_params_per_s if rates.cpu_params_per_s > 0 else 0.0)
+
+
+def choose(numels, order: list[int], current: set[int], copy_mode, n_slots,
+           rates: Rates) -> set[int]:
+    """The prefix of `order` with the shortest predicted step (the fewest groups among
+    equals); `current` unless that predicts at least 1 - HYSTERESIS shorter."""
+    best, best_s = set(), None
+    for j in range(len(order) + 1):
+        d = set(order[:j])
+        s = predict(numels, d, copy_mode, n_slots, rates)
+        if best_s is None or s < best_s * (1 - 1e-9):
+            best, best_s = d, s
+    now = predict(numels, current, copy_mode, n_slots, rates)
+    return best if best_s < HYSTERESIS * now else set(current)
+
+
+class Balancer:
+    """DeviceUpdater.policy = "balance": re-chooses the device groups after each planned
+    step from that step's compute time and the CPU's AdamW rate (the last one measured;
+    CPU_PRIOR until one is: a step with no CPU-updated group measures none)."""
+
+    def __init__(self, updater):
+        self.u = updater
+        self.cpu_rate = CPU_PRIOR
+        self.log: list[dict] = []
+
+    def plan(self, compute_s: float, cpu_busy_s: float, cpu_params: int) -> list[int]:
+        """The groups moved to the device (those handed back are in `log`)."""
+        if cpu_busy_s > 0 and cpu_params > 0:
+            self.cpu_rate = cpu_params / cpu_busy_s
+        if self.cpu_rate <= 0 or compute_s <= 0:
+            return []
+        e = self.u.e
+        numels = [g.numel for g in e.groups]
+        rates = Rates(compute_s, self.cpu_rate, LINK_BPS)
+        want = choose(numels, self.u.candidates(), self.u.groups, e.copy_mode,
+                      len(e.cache.slots), rates)
+        added = self.u.affordable(sorted(want - self.u.groups,
+                                         key=self.u.candidates().index))
+        back = sorted(self.u.groups - want)
+        self.u.enable(added)
+        for g in back:
+            # Its next gradient goes to the CPU worker. The CPU then reads g's host m, v:
+            # the device wrote them back on the d2h stream before that gradient's copy.
+            self.u.groups.discard(g)
+        if added or back:
+            s = predict(numels, self.u.groups, e.copy_mode, len(e.cache.slots), rates)
+            self.log.append({"step": e.step_count, "added": added, "back": back,
+                             "predicted_s": s, "cpu_params_per_s": self.cpu_rate,
+                             "compute_s": compute_s})
+            if back and e.verbose:
+                print(f"outcore: AdamW of groups {back} back to the CPU (balance: step "
+                      f"predicted {s:.2f} s)", flush=True)
+        return added

@@ -1,0 +1,85 @@
+"""gpu_updates="balance": the model of a step's queues, and training equal to plain PyTorch
+while groups move to the device and back."""
+
+import pytest
+import torch
+
+import outcore
+from outcore.stream import balance
+from outcore.stream.balance import Rates, choose, predict, traffic
+
+from .test_equivalence import EPS, LR, WD, assert_params_match, model_ref_batches, plain_steps
+
+K = 1000   # a block's numel; rest is 2K
+
+
+def test_traffic_counts_each_queue_by_hand():
+    numels = [2 * K] + [K] * 6            # rest + 6 blocks, 3 slots
+    # All on the CPU, no copies: rest reloaded (4), every block loaded in forward (4) and
+    # in backward but the last 3 of forward (still in their slots); gradients out (4).
+    h2d, d2h, cpu = traffic(numels, set(), None, 3)
+    assert h2d == 4 * 2 * K + 6 * 4 * K + 3 * 4 * K
+    assert d2h == 4 * 8 * K and cpu == 8 * K
+    # Rest and block 1 on the device: rest's m, v in (8), no reload; block 1 a forward hit
+    # (updated in its slot), loaded in backward, m, v in; both send master, m, v out (12).
+    h2d, d2h, cpu = traffic(numels, {0, 1}, None, 3)
+    assert h2d == 8 * 2 * K + (5 * 4 * K) + (3 * 4 * K) + 8 * K
+    assert d2h == 12 * 3 * K + 4 * 5 * K and cpu == 5 * K
+
+
+def test_copies_halve_the_loads_they_replace():
+    numels = [2 * K] + [K] * 6
+    plain = traffic(numels, set(), None, 3)[0]
+    copies = traffic(numels, set(), "all", 3)[0]
+    # forward 6 blocks and backward 3 blocks at 2 B instead of 4
+    assert plain - copies == 2 * (6 + 3) * K
+
+
+def test_the_choice_follows_the_cpu_rate():
+    numels = [2 * K] + [K] * 6
+    order = list(range(7))
+    fast_cpu = Rates(compute_s=1e-6, cpu_params_per_s=1e12, link_bps=1e9)
+    assert choose(numels, order, set(), None, 3, fast_cpu) == set()
+    slow_cpu = Rates(compute_s=1e-6, cpu_params_per_s=1.0, link_bps=1e9)
+    assert choose(numels, order, set(), None, 3, slow_cpu) == set(order)
+    # the chosen prefix predicts the shortest step of all prefixes
+    mid = Rates(compute_s=1e-6, cpu_params_per_s=2e8, link_bps=1e9)
+    got = choose(numels, order, set(), None, 3, mid)
+    best = min(predict(numels, set(order[:j]), None, 3, mid) for j in range(8))
+    assert predict(numels, got, None, 3, mid) == pytest.approx(best)
+
+
+def test_a_small_gain_keeps_the_current_groups():
+    numels = [2 * K] + [K] * 6
+    order = list(range(7))
+    rates = Rates(compute_s=1e-6, cpu_params_per_s=2e8, link_bps=1e9)
+    best = choose(numels, order, set(), None, 3, rates)
+    near = set(order[:len(best) + 1])   # one group more: a prediction within 3%?
+    if predict(numels, near, None, 3, rates) <= predict(numels, best, None, 3, rates) / 0.97:
+        assert choose(numels, order, near, None, 3, rates) == near
+
+
+@pytest.mark.parametrize("link,start,want", [(1e3, "all", set()), (1e15, "none", "all")])
+def test_training_equals_plain_pytorch_while_groups_move(monkeypatch, link, start, want):
+    """On the CPU ('balance' plans only on CUDA unless forced): every group handed back
+    to the CPU after steps on the device (a slow link), or all moved to the device (a
+    fast one, a slow CPU): the same losses and weights as plain PyTorch."""
+    monkeypatch.setattr(balance, "LINK_BPS", link)
+    model, ref, batches = model_ref_batches("decoder", steps=6)
+    want_losses = plain_steps(ref, batches, None, None)
+    eng = outcore.Engine(model, optimizer=outcore.AdamW(lr=LR, eps=EPS, weight_decay=WD),
+                         device="cpu", gpu_updates=0)
+    eng.gpu_updates, eng.updater.policy = "balance", "balance"   # forced on the CPU
+    n = len(eng.groups)
+    if start == "all":
+        eng.updater.enable(list(range(n)))
+    got = []
+    for b in batches:
+        if want == "all":
+            eng._cpu_busy_s = 1e3   # a very slow CPU: every update wants the device
+        got.append(eng.train_step(b))
+    assert eng.updater.groups == (set(range(n)) if want == "all" else want)
+    assert got == pytest.approx(want_losses, rel=1e-5)
+    assert_params_match(eng, ref)
+    assert eng.updater.balancer.log
+    eng.close()
