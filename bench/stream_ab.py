@@ -32,9 +32,9 @@ VARIANTS = {  # name: bench/stream.py flags (session 5's NOTES, "Next GPU sessio
     "device-copy": ["--device-weight-copy"],
     "settle": ["--settle-compiles"],
     # Session 7: the step is h2d-bound once 22 blocks update on the device (a model of
-    # the queues, stream/balance.py, predicts 1.04 s there against 1.038 measured, and
-    # 0.957 for session 5's 19 groups against 0.948): the groups from that model instead,
-    # alone and with the host copies (predicted about 0.81 s and 0.68 s).
+    # the queues, stream/balance.py, fitted to 1.038 s there and 0.948 for session 5's 19
+    # groups): the groups from that model instead, alone and with the host copies
+    # (predicted about 0.85 s and 0.75 s at 2.5 G params/s of CPU AdamW).
     "balance": ["--balance-updates"],
     "balance-copy": ["--balance-updates", "--host-weight-copy"],
 }

@@ -83,3 +83,10 @@ def test_training_equals_plain_pytorch_while_groups_move(monkeypatch, link, star
     assert_params_match(eng, ref)
     assert eng.updater.balancer.log
     eng.close()
+
+
+def test_rest_on_the_cpu_holds_up_the_next_forward_by_its_update():
+    numels = [2 * K] + [K] * 6
+    rate = 1e6   # params/s: rest's update takes 2 ms
+    assert balance.cpu_lateness(numels, set(range(1, 7)), 1.0, rate) == pytest.approx(2e-3)
+    assert balance.cpu_lateness(numels, set(range(7)), 1.0, rate) == 0.0

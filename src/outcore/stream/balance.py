@@ -9,7 +9,8 @@ became h2d-bound (about 44 GB in at ~50 GB/s against 0.67 s of compute).
 
 The `balance` policy (opt-in, unmeasured on a GPU) instead predicts a step as the longest
 of four queues (compute, h2d bytes / link rate, d2h bytes / link rate, CPU-updated params
-/ the CPU's measured AdamW rate) for every prefix of the candidate order and keeps the
+/ the CPU's measured AdamW rate), plus what the next forward waits for CPU updates due
+before their block's turn, for every prefix of the candidate order and keeps the
 shortest, moving groups either way. The rates only steer: a wrong one costs speed.
 """
 
@@ -17,13 +18,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# Bytes per second each way while both directions run and the CPU AdamW shares host DRAM
-# (../shared/DESIGN.md, measured on the H200: 88 GB/s both ways together under AdamW).
-LINK_BPS = 44e9
+# Bytes per second each way while both directions run and the CPU AdamW shares host DRAM:
+# ../shared/DESIGN.md measured 88 GB/s both ways together under AdamW on the H200; 42.5
+# puts this model's 3b-16k steps on the two measured ones (23 groups: 1.039 s predicted,
+# 1.038 measured, stream-h200.json at c2b5c7c; 19 groups: 0.955 s, 0.948 at 3b97cc1).
+LINK_BPS = 42.5e9
 # The CPU AdamW's rate before a step has measured one (every group on the device measures
 # none): DESIGN.md's 2.5 G params/s on the H200's 16 cores while copies run both ways.
 CPU_PRIOR = 2.5e9
 HYSTERESIS = 0.97   # a new choice must predict a step at least 3% shorter
+BACKWARD_SHARE = 0.7   # of a step: the recompute and the gradients against the forward
 
 
 @dataclass(frozen=True)
@@ -65,11 +69,32 @@ def traffic(numels: list[int], device: set[int], copy_mode: str | None,
     return h2d, d2h, cpu
 
 
+def cpu_lateness(numels, device, step_s: float, rate: float) -> float:
+    """Seconds by which the CPU AdamW holds up the next forward in a step of `step_s`.
+
+    Time 0 is backward's start; backward takes BACKWARD_SHARE of the step and gives block
+    g's gradient at its place in n-1..1, rest's at its end. The worker updates the CPU
+    groups one at a time in that order; the next forward needs block g at its place in
+    1..n-1 and rest at once (so rest on the CPU is always late by its update)."""
+    n, b = len(numels), BACKWARD_SHARE
+    t = late = 0.0
+    for g in list(range(n - 1, 0, -1)) + [0]:
+        if g in device or rate <= 0:
+            continue
+        ready = b * step_s * ((n - g) / n if g else 1.0)
+        t = max(t, ready) + numels[g] / rate
+        late = max(late, t - (b * step_s + (1 - b) * step_s * g / n))
+    return late
+
+
 def predict(numels, device, copy_mode, n_slots, rates: Rates) -> float:
-    """The step's predicted seconds: its longest queue."""
+    """The step's predicted seconds: its longest queue, plus the time the next forward
+    waits for a CPU update that its block's turn came before."""
     h2d, d2h, cpu = traffic(numels, device, copy_mode, n_slots)
-    return max(rates.compute_s, h2d / rates.link_bps, d2h / rates.link_bps,
-               cpu / rates.cpu_params_per_s if rates.cpu_params_per_s > 0 else 0.0)
+    rate = rates.cpu_params_per_s
+    t = max(rates.compute_s, h2d / rates.link_bps, d2h / rates.link_bps,
+            cpu / rate if rate > 0 else 0.0)
+    return t + cpu_lateness(numels, device, t, rate)
 
 
 def choose(numels, order: list[int], current: set[int], copy_mode, n_slots,
