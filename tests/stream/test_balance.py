@@ -90,3 +90,13 @@ def test_rest_on_the_cpu_holds_up_the_next_forward_by_its_update():
     rate = 1e6   # params/s: rest's update takes 2 ms
     assert balance.cpu_lateness(numels, set(range(1, 7)), 1.0, rate) == pytest.approx(2e-3)
     assert balance.cpu_lateness(numels, set(range(7)), 1.0, rate) == 0.0
+
+
+def test_a_cap_on_staged_gradients_stalls_backward():
+    numels = [2 * K] + [K] * 6
+    device = {0}   # the six blocks on the CPU, 1 ms each at 1e6 params/s
+    free = balance.cpu_lateness(numels, device, 1e-3, 1e6)
+    capped = balance.cpu_lateness(numels, device, 1e-3, 1e6, cap=2)
+    assert capped > free
+    # with room for every gradient the cap changes nothing
+    assert balance.cpu_lateness(numels, device, 1e-3, 1e6, cap=6) == pytest.approx(free)

@@ -69,45 +69,54 @@ def traffic(numels: list[int], device: set[int], copy_mode: str | None,
     return h2d, d2h, cpu
 
 
-def cpu_lateness(numels, device, step_s: float, rate: float) -> float:
-    """Seconds by which the CPU AdamW holds up the next forward in a step of `step_s`.
+def cpu_lateness(numels, device, step_s: float, rate: float, cap: int | None = None) -> float:
+    """Seconds by which the CPU AdamW holds up the step (a backward waiting to stage a
+    gradient, the next forward waiting for an update) in a step of `step_s`.
 
     Time 0 is backward's start; backward takes BACKWARD_SHARE of the step and gives block
     g's gradient at its place in n-1..1, rest's at its end. The worker updates the CPU
-    groups one at a time in that order; the next forward needs block g at its place in
-    1..n-1 and rest at once (so rest on the CPU is always late by its update)."""
+    groups one at a time in that order. With `cap` (Engine.max_staged_grads) the i-th
+    CPU gradient waits until the (i - cap)-th update is done, and backward with it. The
+    next forward needs block g at its place in 1..n-1 and rest at once (so rest on the CPU
+    is always late by its update)."""
     n, b = len(numels), BACKWARD_SHARE
-    t = late = 0.0
+    t = late = shift = 0.0
+    done: list[float] = []
     for g in list(range(n - 1, 0, -1)) + [0]:
         if g in device or rate <= 0:
             continue
-        ready = b * step_s * ((n - g) / n if g else 1.0)
+        ready = b * step_s * ((n - g) / n if g else 1.0) + shift
+        if cap and len(done) >= cap and done[-cap] > ready:
+            shift += done[-cap] - ready      # backward stalls until a staged one is done
+            ready = done[-cap]
         t = max(t, ready) + numels[g] / rate
-        late = max(late, t - (b * step_s + (1 - b) * step_s * g / n))
-    return late
+        done.append(t)
+        late = max(late, t - (b * step_s + shift + (1 - b) * step_s * g / n))
+    return shift + late
 
 
-def predict(numels, device, copy_mode, n_slots, rates: Rates) -> float:
-    """The step's predicted seconds: its longest queue, plus the time the next forward
-    waits for a CPU update that its block's turn came before."""
+def predict(numels, device, copy_mode, n_slots, rates: Rates,
+            cap: int | None = None) -> float:
+    """The step's predicted seconds: its longest queue, plus what the CPU AdamW holds it
+    up (cpu_lateness; `cap`: Engine.max_staged_grads)."""
     h2d, d2h, cpu = traffic(numels, device, copy_mode, n_slots)
     rate = rates.cpu_params_per_s
     t = max(rates.compute_s, h2d / rates.link_bps, d2h / rates.link_bps,
             cpu / rate if rate > 0 else 0.0)
-    return t + cpu_lateness(numels, device, t, rate)
+    return t + cpu_lateness(numels, device, t, rate, cap)
 
 
 def choose(numels, order: list[int], current: set[int], copy_mode, n_slots,
-           rates: Rates) -> set[int]:
+           rates: Rates, cap: int | None = None) -> set[int]:
     """The prefix of `order` with the shortest predicted step (the fewest groups among
     equals); `current` unless that predicts at least 1 - HYSTERESIS shorter."""
     best, best_s = set(), None
     for j in range(len(order) + 1):
         d = set(order[:j])
-        s = predict(numels, d, copy_mode, n_slots, rates)
+        s = predict(numels, d, copy_mode, n_slots, rates, cap)
         if best_s is None or s < best_s * (1 - 1e-9):
             best, best_s = d, s
-    now = predict(numels, current, copy_mode, n_slots, rates)
+    now = predict(numels, current, copy_mode, n_slots, rates, cap)
     return best if best_s < HYSTERESIS * now else set(current)
 
 
@@ -130,8 +139,9 @@ class Balancer:
         e = self.u.e
         numels = [g.numel for g in e.groups]
         rates = Rates(compute_s, self.cpu_rate, LINK_BPS)
+        cap = None if e.hold_updates else e.max_staged_grads
         want = choose(numels, self.u.candidates(), self.u.groups, e.copy_mode,
-                      len(e.cache.slots), rates)
+                      len(e.cache.slots), rates, cap)
         added = self.u.affordable(sorted(want - self.u.groups,
                                          key=self.u.candidates().index))
         back = sorted(self.u.groups - want)
@@ -141,7 +151,7 @@ class Balancer:
             # the device wrote them back on the d2h stream before that gradient's copy.
             self.u.groups.discard(g)
         if added or back:
-            s = predict(numels, self.u.groups, e.copy_mode, len(e.cache.slots), rates)
+            s = predict(numels, self.u.groups, e.copy_mode, len(e.cache.slots), rates, cap)
             self.log.append({"step": e.step_count, "added": added, "back": back,
                              "predicted_s": s, "cpu_params_per_s": self.cpu_rate,
                              "compute_s": compute_s})
