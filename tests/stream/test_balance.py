@@ -93,10 +93,14 @@ def test_rest_on_the_cpu_holds_up_the_next_forward_by_its_update():
 
 
 def test_a_cap_on_staged_gradients_stalls_backward():
+    """Six CPU blocks of 0.11 s each against gradients every 0.1 s of a 1 s step: the
+    worker finishes block 1 17 ms after the forward wants it; with room for one staged
+    gradient backward also waits 10 ms at each block after the first."""
     numels = [2 * K] + [K] * 6
-    device = {0}   # the six blocks on the CPU, 1 ms each at 1e6 params/s
-    free = balance.cpu_lateness(numels, device, 1e-3, 1e6)
-    capped = balance.cpu_lateness(numels, device, 1e-3, 1e6, cap=2)
-    assert capped > free
+    device, rate = {0}, K / 0.11
+    free = balance.cpu_lateness(numels, device, 1.0, rate)
+    capped = balance.cpu_lateness(numels, device, 1.0, rate, cap=1)
+    assert free == pytest.approx(0.76 - (0.7 + 0.3 / 7))
+    assert capped == pytest.approx(0.05)
     # with room for every gradient the cap changes nothing
-    assert balance.cpu_lateness(numels, device, 1e-3, 1e6, cap=6) == pytest.approx(free)
+    assert balance.cpu_lateness(numels, device, 1.0, rate, cap=6) == pytest.approx(free)
