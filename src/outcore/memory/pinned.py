@@ -108,7 +108,8 @@ def unpin_all(tensor_lists, pools) -> None:
     with _REG_LOCK:
         if not _REGISTERED:
             return
-    torch.cuda.synchronize()   # host sync: no copy may still read or write these pages
+    for i in range(torch.cuda.device_count()):
+        torch.cuda.synchronize(i)   # host sync: no copy may still read or write these pages
     for ts in tensor_lists:
         for t in ts:
             if t is not None:
