@@ -104,3 +104,14 @@ def test_a_cap_on_staged_gradients_stalls_backward():
     assert capped == pytest.approx(0.05)
     # with room for every gradient the cap changes nothing
     assert balance.cpu_lateness(numels, device, 1.0, rate, cap=6) == pytest.approx(free)
+
+
+def test_device_copies_change_only_the_device_blocks():
+    numels = [2 * K] + [K] * 6
+    # Block 5 on the device: forward loads its copy (2 B, not 4); backward loads its fp32
+    # (a tail block whose slot holds the copy: not a hit); its copy goes out too (+2 B).
+    plain = traffic(numels, {0, 5}, None, 3)
+    copied = traffic(numels, {0, 5}, "device", 3)
+    assert copied[0] - plain[0] == -2 * K + 4 * K
+    assert copied[1] - plain[1] == 2 * K
+    assert copied[2] == plain[2]
