@@ -34,7 +34,8 @@ VARIANTS = {  # name: bench/stream.py flags (session 5's NOTES, "Next GPU sessio
     # Session 7: the step is h2d-bound once 22 blocks update on the device (a model of
     # the queues, stream/balance.py, fitted to 1.038 s there and 0.948 for session 5's 19
     # groups): the groups from that model instead, alone and with the host copies
-    # (predicted about 0.85 s and 0.75 s at 2.5 G params/s of CPU AdamW).
+    # (predicted about 0.93 s and 0.84 s at 2.5 G params/s of CPU AdamW, against 1.08 s
+    # for the run of record's 23 groups, 1.05 s measured by the mean).
     "balance": ["--balance-updates"],
     "balance-copy": ["--balance-updates", "--host-weight-copy"],
 }

@@ -1,0 +1,85 @@
+#!/usr/bin/env python3
+"""How well stream/balance.py's model of a step fits the measured outcore rows.
+
+    PYTHONPATH=src python3 bench/balance_fit.py        # CPU, seconds; reads bench/results
+
+For every outcore row of bench/results/stream-h200*.json at 1b/3b/7b-16k without host
+copies or held updates (duplicates dropped), the copies' time of its device-updated
+groups (balance.traffic at balance.LINK_BPS) and its compute_s give a predicted step,
+overlapped as (compute^K + copies^K)^(1/K); the table compares it with the row's mean
+step (window_step_s, else step_s) for several K (K = inf: the larger of the two).
+Prints the rows and the error per K; writes nothing.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import math
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+
+from outcore.models import decoder  # noqa: E402
+from outcore.stream import balance  # noqa: E402
+
+CASES = ("1b-16k", "3b-16k", "7b-16k")
+
+
+def group_numels(size: str) -> list[int]:
+    """[rest, block 1, ...] of the reference decoder `size` (seq 2048), built on meta."""
+    with torch.device("meta"):
+        m = decoder(size, max_seq=2048)
+    blocks = [sum(p.numel() for p in b.parameters()) for b in m.layers]
+    return [sum(p.numel() for p in m.parameters()) - sum(blocks)] + blocks
+
+
+def rows() -> list[dict]:
+    out, seen, shapes = [], set(), {}
+    for path in sorted(glob.glob(str(common.RESULTS / "stream-h200*.json"))):
+        doc = json.loads(open(path).read())
+        for r in doc.get("runs", []):
+            if (r.get("system") != "outcore" or r.get("case") not in CASES
+                    or "compute_s" not in r or not r.get("device_updated_groups")
+                    or doc.get("host_weight_copy") or r.get("held_gpu_updates") not in
+                    (None, "0", 0)):
+                continue
+            key = (r["case"], round(r["step_s"], 4))
+            if key in seen:
+                continue
+            seen.add(key)
+            size = r["case"].split("-")[0]
+            numels = shapes.setdefault(size, group_numels(size))
+            h2d, d2h, _ = balance.traffic(numels, set(r["device_updated_groups"]), None, 3)
+            out.append({"file": os.path.basename(path), "case": r["case"],
+                        "groups": len(r["device_updated_groups"]),
+                        "compute_s": r["compute_s"],
+                        "copies_s": max(h2d, d2h) / balance.LINK_BPS,
+                        "mean_step_s": r.get("window_step_s") or r["step_s"]})
+    return out
+
+
+def overlap(c: float, p: float, k: float) -> float:
+    return max(c, p) if math.isinf(k) else (c ** k + p ** k) ** (1 / k)
+
+
+def main() -> int:
+    rs = rows()
+    print(common.table(rs, ["file", "case", "groups", "compute_s", "copies_s",
+                            "mean_step_s"]))
+    print(f"{len(rs)} rows; error of the predicted step against the mean step:")
+    for k in (3, 4, 6, math.inf):
+        err = [(overlap(r["compute_s"], r["copies_s"], k) - r["mean_step_s"]) /
+               r["mean_step_s"] for r in rs]
+        mark = "  <- balance.OVERLAP_K" if k == balance.OVERLAP_K else ""
+        print(f"  K={k}: mean {sum(err) / len(err):+.1%}, rms "
+              f"{math.sqrt(sum(e * e for e in err) / len(err)):.1%}{mark}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,32 @@
+"""bench/balance_fit.py: the balance model's overlap exponent against the measured rows
+in bench/results (what stream/balance.py's OVERLAP_K comment claims)."""
+
+import importlib.util
+import math
+import os
+
+from outcore.stream import balance
+
+BENCH = os.path.join(os.path.dirname(__file__), "..", "..", "bench")
+
+
+def load():
+    spec = importlib.util.spec_from_file_location("balance_fit",
+                                                  os.path.join(BENCH, "balance_fit.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def rms(rows, k, fit):
+    err = [(fit.overlap(r["compute_s"], r["copies_s"], k) - r["mean_step_s"]) /
+           r["mean_step_s"] for r in rows]
+    return math.sqrt(sum(e * e for e in err) / len(err))
+
+
+def test_the_overlap_exponent_fits_better_than_the_larger_queue():
+    fit = load()
+    rows = fit.rows()
+    assert len(rows) >= 20
+    assert rms(rows, balance.OVERLAP_K, fit) < 0.08
+    assert rms(rows, balance.OVERLAP_K, fit) < rms(rows, math.inf, fit)
