@@ -103,12 +103,16 @@ def test_cublasxt_baseline(transa, transb):
 def test_peak_reserved_memory_stays_within_gpu_memory():
     """gpu_memory bounds what the allocator reserves during the product (the plan's buffers
     and the cuBLAS workspaces beside them): gemm_linear's 8 GiB run reserved 8.63 GB."""
-    A, B, C = _data(8192, 8192, 8192, pinned=True)
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
-    torch.cuda.reset_peak_memory_stats()
-    base = torch.cuda.memory_reserved()
-    budget = 1 << 30
-    matmul(A, B, C, devices=0, compute="fp32", gpu_memory=budget)
-    torch.cuda.synchronize()
-    assert torch.cuda.max_memory_reserved() - base <= budget
+    A, B, C = _data(8192, 8192, 8192, pinned=True)   # 256 MiB each: registered in place
+    try:
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_reserved()
+        budget = 1 << 30
+        matmul(A, B, C, devices=0, compute="fp32", gpu_memory=budget)
+        torch.cuda.synchronize()
+        assert torch.cuda.max_memory_reserved() - base <= budget
+    finally:
+        for x in (A, B, C):
+            unpin_(x)   # before they are freed: a stale registration fails later pins
