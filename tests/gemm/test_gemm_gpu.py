@@ -22,11 +22,24 @@ from outcore.gemm.worker import GemmJob  # noqa: E402
 from outcore.memory import pin_, unpin_  # noqa: E402
 
 
+_PINNED: list[torch.Tensor] = []   # what _data pinned, unregistered after each test
+
+
+@pytest.fixture(autouse=True)
+def _unpin_after():
+    """A matrix of 4 MiB or more is registered in place; freed while still registered, its
+    addresses make a later registration in this process fail ('already mapped')."""
+    yield
+    while _PINNED:
+        unpin_(_PINNED.pop())
+
+
 def _data(m, n, k, pinned, dtype=torch.float32, seed=0):
     g = torch.Generator().manual_seed(seed)
     A, B, C = (torch.randn(*s, generator=g).to(dtype) for s in ((m, k), (k, n), (m, n)))
     if pinned:   # pin_ returns a pinned copy of a small tensor: use what it returns
         A, B, C = (pin_(x) for x in (A, B, C))
+        _PINNED.extend((A, B, C))
     return A, B, C
 
 
@@ -104,15 +117,11 @@ def test_peak_reserved_memory_stays_within_gpu_memory():
     """gpu_memory bounds what the allocator reserves during the product (the plan's buffers
     and the cuBLAS workspaces beside them): gemm_linear's 8 GiB run reserved 8.63 GB."""
     A, B, C = _data(8192, 8192, 8192, pinned=True)   # 256 MiB each: registered in place
-    try:
-        torch.cuda.synchronize()
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_reserved()
-        budget = 1 << 30
-        matmul(A, B, C, devices=0, compute="fp32", gpu_memory=budget)
-        torch.cuda.synchronize()
-        assert torch.cuda.max_memory_reserved() - base <= budget
-    finally:
-        for x in (A, B, C):
-            unpin_(x)   # before they are freed: a stale registration fails later pins
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_reserved()
+    budget = 1 << 30
+    matmul(A, B, C, devices=0, compute="fp32", gpu_memory=budget)
+    torch.cuda.synchronize()
+    assert torch.cuda.max_memory_reserved() - base <= budget
