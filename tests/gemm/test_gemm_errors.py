@@ -62,3 +62,15 @@ def test_gpu_tensor_is_a_type_error_naming_the_fix():
     meta = torch.empty(6, 4, device="meta")
     with pytest.raises(TypeError, match="A is on meta.*A.cpu\\(\\)"):
         matmul(meta, B, devices="cpu")
+
+
+def test_a_budget_too_small_names_the_margin_taken_from_it(monkeypatch):
+    """On a GPU matmul keeps part of a given gpu_memory for cuBLAS workspaces; when the
+    rest is too small the message says both numbers."""
+    import importlib
+    mm = importlib.import_module("outcore.gemm.matmul")   # the module, not the function
+    monkeypatch.setattr(mm, "resolve_budget", lambda given, devs: 100)
+    with pytest.raises(OutcoreError) as e:
+        matmul(A, B, devices="cpu", gpu_memory="1KiB", tile=4)
+    msg = one_line(e)
+    assert "too small" in msg and "gpu_memory=1.0 KiB given, less 924 B kept" in msg

@@ -22,6 +22,7 @@ import torch
 from tqdm import tqdm
 
 from ..errors import OutcoreError
+from ..units import fmt_bytes, parse_bytes
 from .hostmat import HostMatrix
 from .plan import make_plan
 from .schedule import TileQueue, run_workers
@@ -124,10 +125,17 @@ def matmul(A, B, out=None, *, transa: bool = False, transb: bool = False, alpha:
         A, B, transa, transb, m, n = B, A, not transb, not transa, n, m
     ha, hb = HostMatrix(A, "A"), HostMatrix(B, "B")
     ta, tb = transa ^ ha.flipped, transb ^ hb.flipped
-    plan = make_plan(m, n, k, host_dtype=dtype, compute=compute, budget=budget, tile=tile,
-                     n_devices=len(devs),
-                     device_type="cuda" if any(d.type == "cuda" for d in devs) else "cpu",
-                     layout=(ta, tb))
+    try:
+        plan = make_plan(m, n, k, host_dtype=dtype, compute=compute, budget=budget, tile=tile,
+                         n_devices=len(devs),
+                         device_type="cuda" if any(d.type == "cuda" for d in devs) else "cpu",
+                         layout=(ta, tb))
+    except OutcoreError as e:
+        given = parse_bytes(gpu_memory, "gpu_memory")
+        if given is None or given == budget:
+            raise
+        raise OutcoreError(f"{e} (the gpu_memory={fmt_bytes(given)} given, less "
+                           f"{fmt_bytes(given - budget)} kept for cuBLAS workspaces)") from None
     stats.plan = plan.describe()
     job = GemmJob(plan, ha, hb, hc, ta=ta, tb=tb, alpha=alpha, beta=beta)
     execute(job, devs, stats, progress)
