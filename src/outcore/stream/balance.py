@@ -148,10 +148,10 @@ class Balancer:
         numels = [g.numel for g in e.groups]
         rates = Rates(compute_s, self.cpu_rate, LINK_BPS)
         cap = None if e.hold_updates else e.max_staged_grads
-        want = choose(numels, self.u.candidates(), self.u.groups, e.copy_mode,
-                      len(e.cache.slots), rates, cap)
-        added = self.u.affordable(sorted(want - self.u.groups,
-                                         key=self.u.candidates().index))
+        order = self.u.candidates()
+        want = choose(numels, order, self.u.groups, e.copy_mode, len(e.cache.slots), rates,
+                      cap)
+        added = self.u.affordable([g for g in order if g in want and g not in self.u.groups])
         back = sorted(self.u.groups - want)
         self.u.enable(added)
         for g in back:

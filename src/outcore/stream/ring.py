@@ -32,10 +32,10 @@ class Ring:
 
     def take(self, stream=None) -> tuple[int, torch.Tensor]:
         n = len(self.bufs)
-        free = [(self._next + k) % n for k in range(n) if (self._next + k) % n not in self._held]
-        if not free:
+        i = next((j % n for j in range(self._next, self._next + n) if j % n not in self._held),
+                 None)
+        if i is None:
             raise RuntimeError(f"outcore: all {n} ring buffers are in use (internal error)")
-        i = free[0]
         self._next = (i + 1) % n
         self._held.add(i)
         # Stream wait (buffer reuse): whoever read this buffer last must have finished.
