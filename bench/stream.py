@@ -52,7 +52,7 @@ def make_model(size: str, layers: int | None = None, fused_norm: bool = False,
 
 MODEL_SWITCHES = ("fused_norm", "compiled")   # the same model for every system
 OUTCORE_SWITCHES = ("full_recompute", "tune_updates", "host_weight_copy", "device_weight_copy",
-                    "settle_compiles", "balance_updates")
+                    "settle_compiles")
 
 
 def switches(args, names) -> list[str]:
@@ -80,7 +80,7 @@ def run_outcore(args) -> dict:
                          device="cuda", micro_batch_size=args.micro or None,
                          max_grad_norm=args.clip, held_gpu_updates=_held(args),
                          gpu_memory=args.gpu_memory,
-                         gpu_updates="balance" if args.balance_updates else "auto",
+                         gpu_updates=args.gpu_updates,
                          host_weight_copy="device" if args.device_weight_copy
                          else args.host_weight_copy,
                          verbose=True)
@@ -326,9 +326,11 @@ def main() -> None:
     ap.add_argument("--device-weight-copy", action="store_true", help="as --host-weight-copy "
                     "for the device-updated blocks only (Engine(host_weight_copy='device')): "
                     "the CPU AdamW casts nothing, CPU-updated blocks load fp32")
-    ap.add_argument("--balance-updates", action="store_true", help="outcore picks the "
-                    "device-updated groups from a model of the step's queues, moving them "
-                    "either way (Engine(gpu_updates='balance'), stream/balance.py)")
+    ap.add_argument("--gpu-updates", choices=["balance", "auto"], default="balance",
+                    help="outcore's device-updated groups: from a model of the step's "
+                    "queues, moved either way (balance, the default: stream/balance.py), or "
+                    "added while the step waits for the CPU (auto, the default before "
+                    "session 8)")
     ap.add_argument("--settle-compiles", action="store_true", help="outcore's device-update "
                     "planner skips steps in which torch.compile built kernels")
     ap.add_argument("--tune-trials", type=int, default=4, help="--tune-updates: groups "
@@ -369,10 +371,12 @@ def main() -> None:
     extra = ["--steps", str(args.steps), "--warmup", str(args.warmup),
              "--max-extra-warmup", str(args.max_extra_warmup),
              "--gpu-memory", args.gpu_memory, "--held-gpu-updates", args.held_gpu_updates,
-             "--update-order", args.update_order, "--tune-trials", str(args.tune_trials)] \
+             "--update-order", args.update_order, "--tune-trials", str(args.tune_trials),
+             "--gpu-updates", args.gpu_updates] \
         + (["--clip", str(args.clip)] if args.clip else []) \
         + switches(args, ("profile",) + OUTCORE_SWITCHES) + model_flags(args)
-    for k in ("clip", "held_gpu_updates", "update_order") + OUTCORE_SWITCHES + MODEL_SWITCHES:
+    for k in ("clip", "held_gpu_updates", "update_order", "gpu_updates") + OUTCORE_SWITCHES \
+            + MODEL_SWITCHES:
         doc[k] = getattr(args, k)
     if not args.skip_tests:
         doc["gpu_tests"] = gpu_tests()

@@ -24,10 +24,10 @@ from ..transfer import host_wait
 
 
 def check_option(v, hold_updates: bool, cuda: bool):
-    """Engine(gpu_updates=...): 0 (off), 'auto' (groups added while the step waits for
-    CPU updates; CUDA only), 'balance' (opt-in, balance.py: the groups a model of the
-    step's queues picks, moved either way; CUDA only) or a number of blocks, with rest,
-    to update on the device."""
+    """Engine(gpu_updates=...): 'balance' (the default, balance.py: the groups a model of
+    the step's queues picks, moved either way; CUDA only), 'auto' (groups added while the
+    step waits for CPU updates, never moved back; CUDA only), 0 (off) or a number of
+    blocks, with rest, to update on the device."""
     if v in (None, 0, "off"):
         return 0
     if v in ("auto", "balance"):

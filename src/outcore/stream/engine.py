@@ -56,7 +56,7 @@ class Engine(StepFlow, StepAccounting):
     def __init__(self, model: nn.Module, optimizer: AdamW | None = None, device="cpu",
                  compute_dtype: torch.dtype | None = None, micro_batch_size: int | None = None,
                  max_grad_norm: float | None = None, gpu_memory: str | int | None = None,
-                 blocks: str | None = None, gpu_updates: int | str | None = "auto",
+                 blocks: str | None = None, gpu_updates: int | str | None = "balance",
                  skip_nonfinite: bool = False, distributed: bool | None = None,
                  held_gpu_updates: int | str | None = 0,
                  host_weight_copy: bool | str = False,
