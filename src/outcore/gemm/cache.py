@@ -50,10 +50,14 @@ class Block:
 
 
 class BlockCache:
-    """n_slots slots of slot_numel elements on `device`; LRU eviction of unpinned blocks."""
+    """n_slots slots of slot_numel elements; LRU eviction of unpinned blocks.
 
-    def __init__(self, n_slots: int, slot_numel: int, dtype: torch.dtype, device):
-        self.slot_numel, self.dtype, self.device = slot_numel, dtype, device
+    alloc(numel, dtype) -> a 1-d device tensor: where a slot's buffer comes from, on its
+    first use (the worker's arena, arena.py).
+    """
+
+    def __init__(self, n_slots: int, slot_numel: int, dtype: torch.dtype, alloc):
+        self.slot_numel, self.dtype, self.alloc = slot_numel, dtype, alloc
         self._bufs: list[torch.Tensor | None] = [None] * n_slots
         self._free = list(range(n_slots - 1, -1, -1))
         self.blocks: OrderedDict[tuple, Block] = OrderedDict()
@@ -84,7 +88,7 @@ class BlockCache:
             slot, reuse_after = victim.slot, victim.last_use
             self.evictions += 1
         if self._bufs[slot] is None:
-            self._bufs[slot] = torch.empty(self.slot_numel, dtype=self.dtype, device=self.device)
+            self._bufs[slot] = self.alloc(self.slot_numel, self.dtype)
         view = self._bufs[slot][:shape[0] * shape[1]].view(shape)
         blk = Block(key, slot, view, k_on_rows, region, bounds, reuse_after=reuse_after, pins=1)
         self.blocks[key] = blk

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from ..transfer import Lanes, host_wait
+from .arena import Arena
 from .cache import Block, BlockCache
 from .copies import Copier
 from .hostmat import HostMatrix
@@ -89,7 +90,10 @@ class DeviceWorker:
         p, dev = self.plan, self.device
         self.lanes = self._make_lanes()
         self.conv = torch.cuda.Stream(dev) if dev.type == "cuda" and p.needs_landing else None
-        self.cache = BlockCache(p.n_slots, p.slot_numel, p.compute_dtype, dev)
+        # Buffer reuse: every buffer of this product is a view of one allocation (arena.py),
+        # sized by the plan; the next product reuses its segment.
+        self.arena = Arena(dev, p.device_bytes() + Arena.slack(p.n_slots + p.n_acc + 4))
+        self.cache = BlockCache(p.n_slots, p.slot_numel, p.compute_dtype, self.arena.take)
         self.accs: list = [None] * p.n_acc
         self.acc_free: list = [None] * p.n_acc      # event: last reader of the accumulator
         self.cbufs: list = [None] * (2 if p.needs_cbuf else 0)
@@ -106,7 +110,7 @@ class DeviceWorker:
 
     def _buf(self, bufs: list, i: int, numel: int, dtype, shape) -> torch.Tensor:
         if bufs[i] is None:
-            bufs[i] = torch.empty(numel, dtype=dtype, device=self.device)
+            bufs[i] = self.arena.take(numel, dtype)
         return bufs[i][:shape[0] * shape[1]].view(shape)
 
     def _loop(self, pull, first: int) -> None:

@@ -1,0 +1,74 @@
+"""The per-product arena (gemm/arena.py): one allocation holds every buffer of a product,
+and a larger product hands the allocator's cache back before it allocates."""
+
+import pytest
+import torch
+
+from outcore.gemm import arena as arena_mod
+from outcore.gemm.arena import ALIGN, Arena
+from outcore.gemm.matmul import execute
+from outcore.gemm.hostmat import HostMatrix
+from outcore.gemm.plan import make_plan
+from outcore.gemm.stats import DeviceStats, GemmStats
+from outcore.gemm.worker import DeviceWorker, GemmJob
+
+
+def test_take_aligns_views_and_refuses_past_the_end():
+    a = Arena(torch.device("cpu"), 3 * ALIGN)
+    x = a.take(3, torch.float32)           # 12 bytes, then the next view starts at ALIGN
+    y = a.take(ALIGN // 8, torch.float64)
+    assert x.dtype == torch.float32 and x.numel() == 3
+    assert y.data_ptr() - x.data_ptr() == ALIGN
+    with pytest.raises(RuntimeError, match="undercounts"):
+        a.take(ALIGN, torch.float32)
+
+
+def test_every_buffer_of_a_product_is_a_view_of_the_arena(monkeypatch):
+    """fp64 host, bf16-style conversion needs landing and C buffers: all inside one
+    allocation, which the plan's device_bytes (plus alignment) bounds."""
+    m, n, k = 300, 200, 500
+    A, B = torch.randn(m, k, dtype=torch.float64), torch.randn(k, n, dtype=torch.float64)
+    C = torch.zeros(m, n, dtype=torch.float64)
+    plan = make_plan(m, n, k, host_dtype=torch.float64, compute="fp32", budget=1 << 20,
+                     n_devices=1, device_type="cpu", layout=(False, False))
+    seen = []
+
+    class Spy(DeviceWorker):
+        def _loop(self, pull, first):
+            super()._loop(pull, first)
+            seen.append(self)
+
+    stats = GemmStats(m, n, k, "fp32", plan="", devices=[DeviceStats("cpu")])
+    job = GemmJob(plan, HostMatrix(A, "A"), HostMatrix(B, "B"), HostMatrix(C, "out"),
+                  ta=False, tb=False, alpha=1.0, beta=0.0)
+    execute(job, [torch.device("cpu")], stats, worker_cls=Spy)
+    torch.testing.assert_close(C, A @ B, rtol=1e-4, atol=1e-4)
+    w = seen[0]
+    base, size = w.arena.buf.data_ptr(), w.arena.buf.numel()
+    bufs = [b for b in w.cache._bufs + w.accs + w.cbufs + w.landing if b is not None]
+    assert len(bufs) >= 3
+    for b in bufs:
+        assert base <= b.data_ptr() and b.data_ptr() + b.numel() * b.element_size() <= base + size
+    assert size <= plan.device_bytes() + Arena.slack(plan.n_slots + plan.n_acc + 4)
+
+
+def test_a_larger_arena_empties_the_cache_first(monkeypatch):
+    """The rule of _make_room, with the allocator's counters faked: a product no larger
+    than the largest arena so far reuses the cached segment; a larger one empties the
+    cache first, when something is cached."""
+    calls = []
+    state = {"reserved": 0, "allocated": 0}
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda d=None: state["reserved"])
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda d=None: state["allocated"])
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append("empty"))
+    monkeypatch.setattr(arena_mod, "_largest", {})
+    dev = torch.device("cuda", 0)
+    arena_mod._make_room(dev, 8 << 20)          # the first: nothing to hand back
+    state["reserved"] = 8 << 20                 # ... then freed into the cache
+    arena_mod._make_room(dev, 6 << 20)          # smaller: reuses the cached segment
+    assert calls == []
+    arena_mod._make_room(dev, 9 << 20)          # larger: the cache goes first
+    assert calls == ["empty"]
+    state["allocated"] = state["reserved"] = 9 << 20   # still in use: nothing cached
+    arena_mod._make_room(dev, 12 << 20)
+    assert calls == ["empty"]
