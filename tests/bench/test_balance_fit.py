@@ -19,8 +19,7 @@ def load():
 
 
 def rms(rows, k, fit):
-    err = [(fit.overlap(r["compute_s"], r["copies_s"], k) - r["mean_step_s"]) /
-           r["mean_step_s"] for r in rows]
+    err = [fit.error(r, k) for r in rows]
     return math.sqrt(sum(e * e for e in err) / len(err))
 
 

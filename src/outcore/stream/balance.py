@@ -1,14 +1,14 @@
 """Which groups' AdamW runs on the device, chosen from a model of the step's three queues.
 
-The default planner (device_update.backlog_groups) moves groups to the device while the
+The `auto` planner (device_update.backlog_groups) moves groups to the device while the
 step waits for the CPU, and never back. Each moved group costs PCIe time: its m and v
 cross to the device and back (8 B/param each way) and its master comes back (12 B/param
 out instead of a 4 B/param gradient). On the H200 at 3b-16k that planner moved 22 blocks
-and rest after the first, compile-slowed steps (stream-h200.json, session 7): the step
-became h2d-bound (about 44 GB in at ~50 GB/s against 0.67 s of compute).
+and rest after the first, compile-slowed steps (stream-h200-session7.json): the step
+became h2d-bound (about 44 GB in at ~50 GB/s against 0.67 s of compute), 1.038 s.
 
-The `balance` policy (opt-in, unmeasured on a GPU) instead predicts a step from its
-queues (compute, overlapped with the longest of h2d bytes / link rate, d2h bytes / link
+The `balance` policy (the default since session 8: 0.885 s there with 7 groups,
+stream-h200.json) instead predicts a step from its queues (compute, overlapped with the longest of h2d bytes / link rate, d2h bytes / link
 rate and CPU-updated params / the CPU's measured AdamW rate), plus what the CPU AdamW
 holds it up (cpu_lateness), for every prefix of the candidate order and keeps the
 shortest, moving groups either way. The rates only steer: a wrong one costs speed.
@@ -16,6 +16,7 @@ shortest, moving groups either way. The rates only steer: a wrong one costs spee
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 # Bytes per second each way while both directions run and the CPU AdamW shares host DRAM:
@@ -28,10 +29,11 @@ LINK_BPS = 42.5e9
 CPU_PRIOR = 2.5e9
 HYSTERESIS = 0.97   # a new choice must predict a step at least 3% shorter
 # Compute and copies overlap imperfectly: a step is (compute^K + copies^K)^(1/K), not the
-# larger of the two. K = 4 fits the 22 outcore rows of bench/results/stream-h200*.json
-# without host copies or held updates (sessions 1-7, eager and compiled, 6-23 device
-# groups) with an rms error of 7.7% against their mean steps (the larger alone: 11.7%,
-# 9% under on average; it missed session 4's compiled 15 groups by 0.13 s).
+# larger of the two. K = 4 fits the 26 outcore rows of bench/results/stream-h200*.json
+# without host copies or held updates (sessions 1-8, eager and compiled, 1-23 device
+# groups; the CPU counted where a row logged its AdamW rate) with an rms error of 7.8%
+# against their mean steps (the larger alone: 11.8%). It is optimistic where it chose:
+# 0.835 s predicted at 3b-16k for 7 groups, 0.902 s measured (session 8).
 # bench/balance_fit.py prints the fit.
 OVERLAP_K = 4
 BACKWARD_SHARE = 0.7   # of a step: the recompute and the gradients against the forward
@@ -103,14 +105,16 @@ def cpu_lateness(numels, device, step_s: float, rate: float, cap: int | None = N
 
 
 def predict(numels, device, copy_mode, n_slots, rates: Rates,
-            cap: int | None = None) -> float:
+            cap: int | None = None, k: float = OVERLAP_K) -> float:
     """The step's predicted seconds: compute and the longest other queue, overlapped as
-    OVERLAP_K says, plus what the CPU AdamW holds it up (cpu_lateness; `cap`:
-    Engine.max_staged_grads)."""
+    `k` says (OVERLAP_K; inf: the larger), plus what the CPU AdamW holds it up
+    (cpu_lateness; `cap`: Engine.max_staged_grads). cpu_params_per_s <= 0: the CPU is
+    not counted."""
     h2d, d2h, cpu = traffic(numels, device, copy_mode, n_slots)
     rate = rates.cpu_params_per_s
     other = max(h2d / rates.link_bps, d2h / rates.link_bps, cpu / rate if rate > 0 else 0.0)
-    t = (rates.compute_s ** OVERLAP_K + other ** OVERLAP_K) ** (1 / OVERLAP_K)
+    c = rates.compute_s
+    t = max(c, other) if math.isinf(k) else (c ** k + other ** k) ** (1 / k)
     return t + cpu_lateness(numels, device, t, rate, cap)
 
 
