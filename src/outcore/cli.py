@@ -23,7 +23,13 @@ def _train_parser(sub) -> None:
                    "one update")
     p.add_argument("--lr", type=float)
     p.add_argument("--weight-decay", type=float)
-    p.add_argument("--max-grad-norm", type=float)
+    p.add_argument("--max-grad-norm", type=float, help="global-norm clipping (default 1.0; "
+                   "0: none)")
+    p.add_argument("--no-skip-nonfinite", dest="skip_nonfinite", action="store_false",
+                   default=None, help="do not hold every update for the whole step's gradient: "
+                   "with --max-grad-norm 0, updates start block by block and part of them run "
+                   "on the GPU (faster); a group with a non-finite gradient is left as it was "
+                   "and the others update")
     p.add_argument("--warmup-steps", type=int)
     p.add_argument("--max-steps", type=int)
     p.add_argument("--save-every", type=int, help="checkpoint every N steps (also on "

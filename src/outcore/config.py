@@ -28,6 +28,10 @@ class TrainConfig:
     betas: tuple[float, float] = (0.9, 0.95)
     eps: float = 1e-8
     max_grad_norm: float | None = 1.0
+    # True: a non-finite loss or gradient skips the whole step; updates wait for the whole
+    # gradient (no device-side AdamW). False (with max_grad_norm 0): each group's update
+    # starts when its gradient is ready and a non-finite group is left as it was.
+    skip_nonfinite: bool = True
     warmup_steps: int = 10
     max_steps: int = 60
     save_every: int = 0               # 0: only at the end

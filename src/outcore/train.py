@@ -191,7 +191,8 @@ def run(cfg: TrainConfig, loss_fn=None, return_model: bool = False) -> dict:
     micro = cfg.micro_batch_size or (cfg.batch_size if cfg.grad_accum > 1 else None)
     kw = dict(device=device, compute_dtype=_dtype(cfg, device), micro_batch_size=micro,
               max_grad_norm=cfg.max_grad_norm, gpu_memory=cfg.gpu_memory,
-              skip_nonfinite=True, host_weight_copy=cfg.host_weight_copy, verbose=True)
+              skip_nonfinite=cfg.skip_nonfinite, host_weight_copy=cfg.host_weight_copy,
+              verbose=True)
     engine = _resume(cfg, out_dir, model, data, global_batch, kw) if cfg.resume else None
     if engine is None:
         opt = AdamW(lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, weight_decay=cfg.weight_decay)
@@ -229,8 +230,10 @@ def run(cfg: TrainConfig, loss_fn=None, return_model: bool = False) -> dict:
             bad = bad + 1 if skipped else 0
             skipped_total += skipped
             if skipped:
+                what = "update skipped" if cfg.skip_nonfinite else \
+                    "the groups with a non-finite gradient were left as they were"
                 tqdm.write(f"outcore: step {step + 1}: non-finite loss or gradient "
-                           f"(loss {loss}): update skipped ({bad} in a row)")
+                           f"(loss {loss}): {what} ({bad} in a row)")
             else:
                 losses.append(loss)
             times.append(engine.stats.step_s)
@@ -247,10 +250,11 @@ def run(cfg: TrainConfig, loss_fn=None, return_model: bool = False) -> dict:
                 bar.close()
                 log.close()
                 engine.close()
+                unchanged = "the weights are unchanged by them" if cfg.skip_nonfinite else \
+                    "groups with a non-finite gradient were not updated"
                 raise OutcoreError(f"{bad} steps in a row had a non-finite loss or gradient "
-                                   f"(the last at step {step + 1}); the weights are unchanged "
-                                   "by them: lower --lr, check the data, or resume from the "
-                                   "last checkpoint")
+                                   f"(the last at step {step + 1}); {unchanged}: lower --lr, "
+                                   "check the data, or resume from the last checkpoint")
             done = step + 1
             if sig.received is not None:
                 save(runckpt.step_dir(out_dir, done))

@@ -40,6 +40,19 @@ def test_unknown_and_mistyped_config_keys(tmp_path, capsys):
         build({}, {"grad_accum": 0})
 
 
+def test_no_skip_nonfinite_flag_and_key(tmp_path):
+    from outcore.cli import build_parser
+    args = build_parser().parse_args(["train", "--no-skip-nonfinite", "--max-grad-norm", "0"])
+    flags = {k: v for k, v in vars(args).items() if k not in ("func", "config", "command",
+                                                                "nproc")}
+    cfg = build({}, flags)
+    assert cfg.skip_nonfinite is False and cfg.max_grad_norm is None
+    assert build({}, {}).skip_nonfinite is True
+    f = tmp_path / "c.toml"
+    f.write_text("[train]\nskip_nonfinite = false\n")
+    assert build(load_toml(f), {}).skip_nonfinite is False
+
+
 def test_plan_fits_and_does_not_fit(capsys):
     rc = main(["plan", "--model", "7b", "--gpu-memory", "24GiB", "--host-memory", "256GiB",
                "--tokens-per-step", "65536", "--micro-tokens", "4096", "--no-calibrate"])

@@ -119,3 +119,27 @@ def test_host_weight_copy_trains_the_same_model(tmp_path, corpus):
         assert torch.equal(p, q), n
     with pytest.raises(OutcoreError, match="16-bit compute dtype"):
         train.run(_cfg(tmp_path / "c", corpus, host_weight_copy=True, max_steps=1))
+
+
+def test_no_skip_nonfinite_lets_updates_start_block_by_block(tmp_path, corpus, monkeypatch):
+    """--max-grad-norm 0 --no-skip-nonfinite: the engine is built without held updates (so
+    on a GPU part of AdamW may run there), trains, and a non-finite step leaves the
+    weights finite."""
+    made = []
+    real = train.Engine
+
+    def spy(*a, **kw):
+        made.append(kw)
+        return real(*a, **kw)
+    monkeypatch.setattr(train, "Engine", spy)
+    s = train.run(_cfg(tmp_path, corpus, max_grad_norm=None, skip_nonfinite=False,
+                       max_steps=4), loss_fn=_poison({2}, "grad"), return_model=True)
+    assert made and made[0]["skip_nonfinite"] is False and made[0]["max_grad_norm"] is None
+    assert s["steps"] == 4
+    assert all(torch.isfinite(p).all() for p in s["model"].parameters())
+    fresh = train.run(_cfg(tmp_path / "b", corpus, max_grad_norm=None, skip_nonfinite=False,
+                           max_steps=4), return_model=True)
+    held = train.run(_cfg(tmp_path / "c", corpus, max_grad_norm=None, max_steps=4),
+                     return_model=True)
+    for a, b in zip(fresh["model"].parameters(), held["model"].parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)   # the same training
