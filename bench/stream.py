@@ -121,7 +121,8 @@ def run_outcore(args) -> dict:
     for i in range(warmup, warmup + args.steps):
         times.append(step(i))
         s = eng.stats
-        split.append((s.compute_s, s.copy_wait_s, s.optimizer_wait_s))
+        split.append((s.compute_s, s.copy_wait_s, s.optimizer_wait_s, s.forward_s,
+                      s.backward_s))
     eng.synchronize()
     torch.cuda.synchronize()
     window = (time.perf_counter() - t_window) / args.steps
@@ -133,6 +134,9 @@ def run_outcore(args) -> dict:
             "plan_settled": settled,
             "compute_s": split[k][0], "copy_wait_s": split[k][1],
             "optimizer_wait_s": split[k][2],
+            # the compute stream's span from the step's start to backward's start, and
+            # from there to backward's end (the same step as compute_s)
+            "forward_s": split[k][3], "backward_s": split[k][4],
             # over every step (the engine resets the allocator's peak counters per block)
             "peak_gpu_gb": eng.stats.peak_reserved_bytes / 1e9,
             "peak_gpu_allocated_gb": eng.stats.peak_device_bytes / 1e9,
@@ -404,7 +408,8 @@ def main() -> None:
     plot(doc, common.RESULTS / f"{name}.png", CASES)
     print(common.table(doc["runs"], ["system", "case", "tokens_per_s", "model_tflops",
                                      "peak_gpu_gb", "host_bytes_per_param", "compute_s",
-                                     "copy_wait_s", "optimizer_wait_s", "error"]))
+                                     "copy_wait_s", "forward_s", "backward_s",
+                                     "optimizer_wait_s", "error"]))
 
 
 # The outcore process's peak RSS per parameter as measured on the H200 (session 6 rows:

@@ -89,7 +89,8 @@ def main() -> int:
         r = row_of(str(common.RESULTS / f"stream-h200-ab-{name}.json"), args.case)
         rows.append(dict(r or {}, variant=name))
     print(common.table(rows, ["variant", "step_s", "window_step_s", "tokens_per_s",
-                              "compute_s", "copy_wait_s", "optimizer_wait_s",
+                              "compute_s", "copy_wait_s", "forward_s", "backward_s",
+                              "optimizer_wait_s",
                               "device_updated_params", "plan_settled", "error"]))
     return 0
 

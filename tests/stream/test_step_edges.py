@@ -46,6 +46,31 @@ def test_timer_hands_out_each_step_once_its_events_ran():
     assert timer.settled(block=True) == []
 
 
+def test_timer_phase_spans_come_with_their_step():
+    timer = ComputeTimer(cuda=True)
+    timer.bounds = [FakeEvent(0), FakeEvent(30), FakeEvent(100)]   # forward 30, backward 70
+    timer.end_step([])
+    timer.bounds = [FakeEvent(0), FakeEvent(20), FakeEvent(90, done=False)]
+    timer.end_step([])
+    assert timer.last_phases == (0.0, 0.0)          # nothing settled yet
+    timer.settled()
+    assert timer.last_phases == (0.03, 0.07)        # not the step still running
+    timer.settled(block=True)
+    assert timer.last_phases == (0.02, 0.07)
+
+
+def test_engine_reports_forward_and_backward_spans():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Linear(16, 16) for _ in range(4)])
+    eng = outcore.Engine(model, optimizer=outcore.AdamW(lr=1e-3), device="cpu",
+                         verbose=False)
+    x = torch.randn(8, 16)
+    eng.train_step({"input": x}, loss_fn=lambda out, b: out.square().mean())
+    st = eng.stats
+    assert st.forward_s > 0 and st.backward_s > 0
+    assert st.forward_s + st.backward_s <= st.step_s
+
+
 def test_timer_on_the_cpu_is_immediate():
     timer = ComputeTimer(cuda=False)
     timer.stop(timer.start())

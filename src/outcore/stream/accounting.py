@@ -109,6 +109,7 @@ class StepAccounting:
             st.compute_s, st.copy_wait_s = compute, wait
             st.total_compute_s += compute
             st.total_copy_wait_s += wait
+        st.forward_s, st.backward_s = self.timer.last_phases
 
 
 def compile_count() -> int:

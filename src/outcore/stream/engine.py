@@ -239,6 +239,7 @@ class Engine(StepFlow, StepAccounting):
 
     def _forward_backward(self, kwargs, batch, loss_fn) -> torch.Tensor:
         self.in_train_step = True
+        self.timer.phase(first=True)   # the step's start on the compute stream
         t = time.perf_counter()
         self.schedule.wait(0)  # host wait: rest's update from the last step
         self.stats.optimizer_wait_s += time.perf_counter() - t
@@ -272,9 +273,11 @@ class Engine(StepFlow, StepAccounting):
             self._next_lr = None
         self.schedule.begin_backward(hold=self.hold_updates)
         grad0 = self._accumulate_into(leaves, rest.numel()) if rest.numel() else None
+        self.timer.phase()   # backward's start
         loss.backward()
         if grad0 is not None:
             self.grad_ready(0, grad0, self.cache.rest)
+        self.timer.phase()   # backward's end (rest's gradient handed over)
         return loss.detach()
 
     def _loss(self, out, batch, loss_fn) -> torch.Tensor:

@@ -17,6 +17,10 @@ class StepStats:
     # From device events, read once they have run: on a GPU usually the step before the last.
     compute_s: float = 0.0          # device busy on block compute
     copy_wait_s: float = 0.0        # compute stream idle: waiting on copies or launch gaps
+    # The same step's compute stream from the step's start to backward's start, and from
+    # there to backward's end (compute, waits and gaps): which half the copies hold up.
+    forward_s: float = 0.0
+    backward_s: float = 0.0
     optimizer_wait_s: float = 0.0   # host blocked on a pending optimizer update
     # The same, summed over every step so far (synchronize() settles the last ones).
     total_compute_s: float = 0.0
@@ -44,8 +48,25 @@ class ComputeTimer:
     def __init__(self, cuda: bool):
         self.cuda = cuda
         self.marks: list[tuple[object, object]] = []   # this step's compute regions
-        self._steps: list = []   # closed steps: (marks, waits); on the CPU their seconds
+        self.bounds: list = []   # this step's phase boundaries: start, backward, end
+        self._steps: list = []   # closed steps: (marks, waits, bounds); CPU: seconds
         self._cpu = 0.0
+        self.last_phases: tuple[float, float] = (0.0, 0.0)   # (forward_s, backward_s)
+
+    def phase(self, first: bool = False) -> None:
+        """A phase boundary on the current (compute) stream: the step's start (first=True:
+        forgets what a failed step left), backward's start, backward's end."""
+        if first:
+            self.bounds = []
+        self.bounds.append(self.start())
+
+    def _spans(self, bounds) -> tuple[float, float] | None:
+        if len(bounds) != 3:
+            return None
+        if self.cuda:
+            return (bounds[0].elapsed_time(bounds[1]) / 1000.0,
+                    bounds[1].elapsed_time(bounds[2]) / 1000.0)
+        return (bounds[1] - bounds[0], bounds[2] - bounds[1])
 
     def start(self):
         if self.cuda:
@@ -64,11 +85,13 @@ class ComputeTimer:
 
     def end_step(self, waits: list) -> None:
         """Close the step: its compute regions and its (before, after) copy-wait pairs."""
+        bounds, self.bounds = self.bounds, []
         if self.cuda:
-            self._steps.append((self.marks, [w for w in waits if w is not None]))
+            self._steps.append((self.marks, [w for w in waits if w is not None], bounds))
             self.marks = []
         else:
             self._steps.append(self._cpu)
+            self.last_phases = self._spans(bounds) or self.last_phases
             self._cpu = 0.0
 
     def settled(self, block: bool = False) -> list[tuple[float, float]]:
@@ -80,8 +103,8 @@ class ComputeTimer:
             return out
         out = []
         while self._steps:
-            marks, waits = self._steps[0]
-            ends = [b for _, b in marks + waits]
+            marks, waits, bounds = self._steps[0]
+            ends = [b for _, b in marks + waits] + bounds[-1:]
             if not block and not all(b.query() for b in ends):
                 break   # the device has not reached this step's end yet: later steps neither
             if block:
@@ -92,4 +115,5 @@ class ComputeTimer:
             # end event has run here, and each start precedes its end on the same stream
             out.append((sum(a.elapsed_time(b) for a, b in marks) / 1000.0,
                         sum(a.elapsed_time(b) for a, b in waits) / 1000.0))
+            self.last_phases = self._spans(bounds) or self.last_phases
         return out
