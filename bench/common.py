@@ -71,6 +71,16 @@ def write(doc: dict, name: str) -> Path:
     return path
 
 
+def out_path(arg: str | None, default: str) -> str:
+    """A bench's --out: a bare name (no directory) is bench/results/<name>.json, as
+    stream.py and parallel.py take it; anything else is the path itself; None: default."""
+    if not arg:
+        return default
+    if os.sep not in arg:
+        return str(RESULTS / (arg.removesuffix(".json") + ".json"))
+    return arg
+
+
 def median(xs):
     xs = sorted(xs)
     return xs[len(xs) // 2] if xs else float("nan")

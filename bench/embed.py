@@ -364,8 +364,8 @@ def main() -> int:
     deadline = t_start + budget
     machine = "cpu-smoke" if not cuda else ("nvidia-h200" if gpus == 1 else f"nvidia-h200-x{gpus}")
     short = "cpu-smoke" if not cuda else ("h200" if gpus == 1 else f"h200x{gpus}")
-    if args.out and os.sep not in args.out:      # a bare name, as the other benches take
-        args.out = os.path.join(HERE, "results", args.out.removesuffix(".json") + ".json")
+    import common
+    args.out = common.out_path(args.out, None)   # a bare name: bench/results/NAME.json
     out = args.out or (os.path.join(tempfile.gettempdir(), "embed-cpu-smoke.json") if not cuda
                        else os.path.join(HERE, "results", f"embed-{short}.json"))
     res = Results(out, machine, "python3 bench/embed.py " + " ".join(sys.argv[1:]))

@@ -45,6 +45,7 @@ from outcore.gemm.matmul import matmul
 from outcore.memory import pin_
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
 from common import Hog  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -418,8 +419,9 @@ def main() -> int:
                     "opt-in until measured)")
     ap.add_argument("--gpus", type=int, help="GPUs to use (default: every visible one; with "
                     "--smoke, that many CPU workers for the multi-device cases, default 2)")
-    ap.add_argument("--out", help="results file (default bench/results/gemm-<machine>.json; "
-                    "smoke: /tmp/outcore-bench/gemm-smoke.json)")
+    ap.add_argument("--out", help="results file, or a bare name for bench/results/NAME.json "
+                    "(default bench/results/gemm-<machine>.json; smoke: "
+                    "/tmp/outcore-bench/gemm-smoke.json)")
     args = ap.parse_args()
     if args.flat_tiles:
         import outcore.gemm.lone as lone
@@ -437,9 +439,10 @@ def main() -> int:
     slug = "h200" if "H200" in gpus[0] else gpus[0].lower().replace(" ", "-")
     machine = "cpu-smoke" if args.smoke else f"nvidia-{slug}" + (f"-x{n_gpu}" if n_gpu >= 2
                                                                   else "")
-    out_path = args.out or (os.path.join("/tmp/outcore-bench", "gemm-smoke.json") if args.smoke
-                            else os.path.join(HERE, "results", f"gemm-{slug}"
-                                              f"{f'x{n_gpu}' if n_gpu >= 2 else ''}.json"))
+    out_path = common.out_path(args.out, os.path.join("/tmp/outcore-bench", "gemm-smoke.json")
+                               if args.smoke else
+                               os.path.join(HERE, "results", f"gemm-{slug}"
+                                            f"{f'x{n_gpu}' if n_gpu >= 2 else ''}.json"))
     cases = (multi_cases(args.smoke, n_gpu) if n_gpu >= 2 else []) + (
         [] if n_gpu >= 2 else square_cases(args.smoke) + train_cases(args.smoke))
     if args.smoke:
@@ -469,7 +472,6 @@ def main() -> int:
             if args.smoke:
                 env.devices = devices
                 multi_gpus(env, rows, bar)
-    import common
     commit = common.git_commit()
     result = {
         "benchmark": "gemm", "command": "python3 " + " ".join(sys.argv), "commit": commit,

@@ -410,9 +410,10 @@ def main() -> None:
     args.cap = parse_bytes(args.cap)
     deadline = START + args.budget_s
     machine = machine_name(device)
-    out = args.out or ("/tmp/swap-smoke.json" if args.smoke else
-                       os.path.join(os.path.dirname(__file__), "results",
-                                    f"swap-{machine.removeprefix('nvidia-')}.json"))
+    import common
+    out = common.out_path(args.out, "/tmp/swap-smoke.json" if args.smoke else
+                          os.path.join(os.path.dirname(__file__), "results",
+                                       f"swap-{machine.removeprefix('nvidia-')}.json"))
     rows: list = []
     models = [("resnet152", True)] + ([] if args.no_wide else [("wide_resnet101_2", False)])
     bar = tqdm(total=5 * len(models), desc="swap bench", unit="stage", dynamic_ncols=True)

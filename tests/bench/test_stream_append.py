@@ -59,3 +59,14 @@ def test_merge_parts_joins_single_command_files():
     assert doc["commit"] == "c2"
     with pytest.raises(SystemExit, match="different"):
         merge([dict(a, runs=[]), dict(b, machine="nvidia-h200x2", runs=[])])
+
+
+def test_out_takes_a_bare_name_or_a_path(tmp_path):
+    """Every bench's --out: `gemm-h200-s8` means bench/results/gemm-h200-s8.json (session 8
+    lost a gemm run to `--out NAME` writing nowhere); a path is kept; None: the default."""
+    common = load_stream_bench("common")
+    assert common.out_path("gemm-h200-s8", "d.json") == str(common.RESULTS /
+                                                            "gemm-h200-s8.json")
+    assert common.out_path("x.json", "d.json") == str(common.RESULTS / "x.json")
+    assert common.out_path(str(tmp_path / "y.json"), "d.json") == str(tmp_path / "y.json")
+    assert common.out_path(None, "d.json") == "d.json"
