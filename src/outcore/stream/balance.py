@@ -8,10 +8,11 @@ and rest after the first, compile-slowed steps (stream-h200-session7.json): the 
 became h2d-bound (about 44 GB in at ~50 GB/s against 0.67 s of compute), 1.038 s.
 
 The `balance` policy (the default since session 8: 0.885 s there with 7 groups,
-stream-h200.json) instead predicts a step from its queues (compute, overlapped with the longest of h2d bytes / link rate, d2h bytes / link
-rate and CPU-updated params / the CPU's measured AdamW rate), plus what the CPU AdamW
-holds it up (cpu_lateness), for every prefix of the candidate order and keeps the
-shortest, moving groups either way. The rates only steer: a wrong one costs speed.
+stream-h200.json) instead predicts a step from its queues (compute, overlapped with the
+longest of h2d bytes / link rate, d2h bytes / link rate and CPU-updated params / the
+CPU's measured AdamW rate), plus what the CPU AdamW holds it up (cpu_lateness), for
+every prefix of the candidate order and keeps the shortest, moving groups either way.
+The rates only steer: a wrong one costs speed.
 """
 
 from __future__ import annotations
