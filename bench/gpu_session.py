@@ -1,0 +1,115 @@
+#!/usr/bin/env python3
+"""One device call's worth of benchmark commands, by name, with the results brought back.
+
+    OUTCORE_COMMIT=<sha> PYTHONPATH=src python3 bench/gpu_session.py gemm --out-dir $OUT
+    python3 bench/gpu_session.py --list                      # the steps and their commands
+
+Each step is a few commands that belong in one call of the device tool (at most 10
+minutes). They run one after the other, each under its own time limit; each one's output
+goes to OUT_DIR/<step>-<i>.log, and every file of bench/results/ that the step wrote or
+changed is copied to OUT_DIR, so nothing measured stays behind on the machine. A table of
+the commands (exit status, seconds, the files they wrote) is printed last. A failed
+command does not stop the step: the next one runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+
+PY = [sys.executable]
+B = "bench/"
+
+# name: [(seconds allowed, command)], the next GPU session's plan (bench/NOTES.md)
+STEPS: dict[str, list[tuple[int, list[str]]]] = {
+    # nvidia-h200: the gemm GPU tests (the arena's budget test has not run), the Linear
+    # layer against 8 GiB (within_budget?), the gemm bench under a time budget
+    "gemm": [(150, PY + ["-m", "pytest", "-q", "-x", "tests/gemm/test_gemm_gpu.py"]),
+             (150, PY + [B + "gemm_linear.py"]),
+             (260, PY + [B + "gemm.py", "--budget-s", "150", "--out", "gemm-h200-next"])],
+    # nvidia-h200: the run of record again (forward_s / backward_s now in its rows)
+    "stream-record": [(570, PY + [B + "stream.py", "--cases", "3b-16k,1b-16k", "--compiled",
+                                  "--largest", "0", "--timeout", "200"])],
+    # nvidia-h200, after stream-record: 3b-64k appended, then the largest row
+    "stream-more": [(300, PY + [B + "stream.py", "--cases", "3b-64k", "--compiled",
+                                "--largest", "0", "--skip-tests", "--append",
+                                "--timeout", "170"]),
+                    (270, PY + [B + "stream.py", "--cases", "", "--skip-tests",
+                                "--append"])],
+    # nvidia-h200-x2: issue 5's largest rows (merged into parallel-h200x2.json by
+    # bench/merge_parts.py afterwards, on the CPU), the embedding throughput
+    "x2": [(300, PY + [B + "parallel.py", "--cases", "largest-1gpu,largest-2gpu",
+                       "--case-limit", "280", "--out", "parallel-h200x2-largest"]),
+           (270, PY + [B + "embed.py", "--cases", "throughput", "--skip-pbg"])],
+}
+
+
+def snapshot(results: Path) -> dict[str, float]:
+    """bench/results/ file -> modification time."""
+    return {p.name: p.stat().st_mtime for p in results.glob("*") if p.is_file()}
+
+
+def run_step(name: str, out_dir: Path, results: Path = common.RESULTS,
+             steps: dict = STEPS) -> list[dict]:
+    """Run step `name`'s commands in the repository root; rows for the table."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for i, (limit, cmd) in enumerate(steps[name]):
+        before = snapshot(results)
+        log = out_dir / f"{name}-{i}.log"
+        t = time.perf_counter()
+        with open(log, "w") as f:
+            try:
+                rc = subprocess.run(cmd, cwd=common.ROOT, stdout=f, stderr=subprocess.STDOUT,
+                                    timeout=limit).returncode
+            except subprocess.TimeoutExpired:
+                rc = "timeout"
+        after = snapshot(results)
+        wrote = sorted(k for k, m in after.items() if before.get(k) != m)
+        for k in wrote:   # what this command measured leaves the machine with the call
+            shutil.copy2(results / k, out_dir / k)
+        rows.append({"step": name, "command": " ".join(Path(c).name if j == 0 else c
+                                                       for j, c in enumerate(cmd))[:70],
+                     "rc": rc, "seconds": round(time.perf_counter() - t, 1),
+                     "wrote": ", ".join(wrote) or "-", "log": log.name})
+    return rows
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("steps", nargs="*", help=f"one or more of: {', '.join(STEPS)}")
+    ap.add_argument("--out-dir", default=os.environ.get("OUT", "/tmp/outcore-gpu-session"))
+    ap.add_argument("--list", action="store_true", help="print the steps' commands")
+    args = ap.parse_args()
+    if args.list or not args.steps:
+        for name, cmds in STEPS.items():
+            print(f"{name}:")
+            for limit, cmd in cmds:
+                print(f"  [{limit} s] {' '.join(cmd[1:])}")
+        return 0
+    unknown = [s for s in args.steps if s not in STEPS]
+    if unknown:
+        print(f"gpu_session.py: unknown step {unknown[0]!r}: choose from {', '.join(STEPS)}",
+              file=sys.stderr)
+        return 2
+    if not os.environ.get("OUTCORE_COMMIT"):
+        print("gpu_session.py: set OUTCORE_COMMIT=<sha> (the GPU machine's tree has no .git)",
+              file=sys.stderr)
+    rows = []
+    for s in args.steps:
+        rows += run_step(s, Path(args.out_dir))
+    print(common.table(rows, ["step", "command", "rc", "seconds", "wrote", "log"]))
+    return 0 if all(r["rc"] == 0 for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

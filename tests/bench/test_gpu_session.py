@@ -1,0 +1,35 @@
+"""bench/gpu_session.py: a step's commands run in order, a failure or a timeout does not
+stop the next, and every results file a command wrote is copied out."""
+
+import sys
+
+from .test_stream_append import load_stream_bench
+
+
+def test_a_step_runs_every_command_and_copies_what_each_wrote(tmp_path):
+    gs = load_stream_bench("gpu_session")
+    results, out = tmp_path / "results", tmp_path / "out"
+    results.mkdir()
+    (results / "old.json").write_text("{}")            # not written by the step: stays
+    py = sys.executable
+    steps = {"s": [
+        (30, [py, "-c", f"open({str(results / 'a.json')!r}, 'w').write('1')"]),
+        (30, [py, "-c", "import sys; print('boom'); sys.exit(3)"]),
+        (1, [py, "-c", "import time; time.sleep(5)"]),
+        (30, [py, "-c", f"open({str(results / 'b.json')!r}, 'w').write('2')"]),
+    ]}
+    rows = gs.run_step("s", out, results=results, steps=steps)
+    assert [r["rc"] for r in rows] == [0, 3, "timeout", 0]
+    assert [r["wrote"] for r in rows] == ["a.json", "-", "-", "b.json"]
+    assert (out / "a.json").read_text() == "1" and (out / "b.json").read_text() == "2"
+    assert not (out / "old.json").exists()
+    assert "boom" in (out / "s-1.log").read_text()
+
+
+def test_every_step_names_existing_scripts():
+    gs = load_stream_bench("gpu_session")
+    root = gs.common.ROOT
+    for cmds in gs.STEPS.values():
+        for _, cmd in cmds:
+            script = cmd[1]
+            assert script == "-m" or (root / script).is_file(), script
