@@ -355,6 +355,8 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--seq", type=int, default=SEQ, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.tune_updates and args.gpu_updates != "auto":
+        ap.error("--tune-updates tunes the auto planner's moves: add --gpu-updates auto")
     if args.worker:
         return worker(args)
     unknown = [c for c in filter(None, args.cases.split(",")) if c not in CASES]
