@@ -63,7 +63,8 @@ def test_merge_parts_joins_single_command_files():
 
 def test_out_takes_a_bare_name_or_a_path(tmp_path):
     """Every bench's --out: `gemm-h200-s8` means bench/results/gemm-h200-s8.json (session 8
-    lost a gemm run to `--out NAME` writing nowhere); a path is kept; None: the default."""
+    ran gemm.py with `--out NAME`, which failed at its end and wrote nothing); a path is
+    kept; None: the default."""
     common = load_stream_bench("common")
     assert common.out_path("gemm-h200-s8", "d.json") == str(common.RESULTS /
                                                             "gemm-h200-s8.json")
