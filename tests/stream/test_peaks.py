@@ -1,12 +1,21 @@
 """PeakWatch: the device peak outside the checkpoints, interval by interval (peaks.py)."""
 
-from types import SimpleNamespace
-
 import torch
 
 import outcore
 from outcore.stream.peaks import PeakWatch
 from .models import batch_for
+
+
+class FakeStash:
+    """What PeakWatch reads of the stash: checkpoint bytes, and what shares their room."""
+
+    def __init__(self):
+        self.device_bytes = 0
+        self.beside = 0
+
+    def held_bytes(self) -> int:
+        return self.device_bytes + self.beside
 
 
 class FakeAllocator:
@@ -18,18 +27,18 @@ class FakeAllocator:
 
     def now(self, other: int) -> None:   # an allocation state inside the interval
         self.other = other
-        self.peak = max(self.peak, self.stash.device_bytes + other)
+        self.peak = max(self.peak, self.stash.held_bytes() + other)
 
     def read(self):
         return self.peak, self.peak + 7
 
     def reset(self):
         self.resets += 1
-        self.peak = self.stash.device_bytes + self.other
+        self.peak = self.stash.held_bytes() + self.other
 
 
 def test_other_peak_is_taken_where_it_happens_not_at_the_checkpoints_peak():
-    stash = SimpleNamespace(device_bytes=0)
+    stash = FakeStash()
     dev = FakeAllocator(stash)
     w = PeakWatch(stash, dev.read, dev.reset)
     w.begin_step()
@@ -48,6 +57,28 @@ def test_other_peak_is_taken_where_it_happens_not_at_the_checkpoints_peak():
     assert w.step_other == 38
     assert w.peak_allocated == 48 and w.peak_reserved == 55
     assert dev.resets == 9
+
+
+def test_kept_weights_count_as_held_like_checkpoints():
+    # keep.py's copies share the checkpoints' room: a late-backward interval holding 20 of
+    # them (made there, used by the next forward) is not "other" work.
+    stash = FakeStash()
+    dev = FakeAllocator(stash)
+    w = PeakWatch(stash, dev.read, dev.reset)
+    w.begin_step()
+    dev.now(6)
+    w.mark()                 # KeptWeights.offer: the interval closes before the copy
+    stash.beside = 20        # the copy is made
+    dev.now(6)
+    w.rebase()               # and is held from the new interval's start
+    dev.now(9)
+    w.mark()
+    assert w.step_other == 9
+    assert w.peak_allocated == 29
+    stash.beside = 30        # without rebase, a copy counts as other in its interval
+    dev.now(6)
+    w.mark()
+    assert w.step_other == 16
 
 
 def test_cpu_watch_is_inactive_and_the_engine_marks_every_block():

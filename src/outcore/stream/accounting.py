@@ -41,6 +41,7 @@ class StepAccounting:
         self.stats.step_s = time.perf_counter() - t0
         self.stats.max_blocks_in_flight = self.cache.max_in_flight
         self.stats.bytes_h2d = self.cache.bytes_h2d
+        self.stats.kept_blocks, self.keep.used = self.keep.used, 0
         self.step_count += 1
         if self.peaks.active:
             # Everything but the checkpoints, at its worst block (peaks.py); the next step

@@ -50,22 +50,25 @@ class Rates:
 
 
 def traffic(numels: list[int], device: set[int], copy_mode: str | None,
-            n_slots: int) -> tuple[int, int, int]:
+            n_slots: int, kept: int = 0) -> tuple[int, int, int]:
     """(h2d bytes, d2h bytes, CPU-updated params) of one step whose `device` groups update
     on the device. numels[0] is rest (resident: reloaded after a CPU update of it);
     blocks 1..n-1 are loaded in forward and again in backward, except cache hits: the
     first n_slots blocks of forward when their update was made in their slot, the last
     n_slots of forward in backward (their fp32 still there, unless forward loaded a copy
-    and backward needs fp32)."""
+    and backward needs fp32), and in forward the device blocks between those two that
+    keep.py keeps on the device (`kept` of them, the first updated: the highest)."""
     n = len(numels)
     h2d = d2h = cpu = 0
+    held = set(sorted((g for g in device if n_slots < g <= n - 1 - n_slots),
+                      reverse=True)[:max(0, kept)])
     for g, k in enumerate(numels):
         dev = g in device
         copy_fwd = copy_mode == "all" or (copy_mode == "device" and dev)
         if g == 0:
             h2d += 0 if dev else 4 * k   # resident; reloaded after a CPU update of it
         else:
-            if not (dev and g <= n_slots):
+            if not (dev and g <= n_slots) and g not in held:
                 h2d += (2 if copy_fwd else 4) * k
             tail = g > n - 1 - n_slots
             if not (tail and not (dev and copy_fwd)):
@@ -106,12 +109,12 @@ def cpu_lateness(numels, device, step_s: float, rate: float, cap: int | None = N
 
 
 def predict(numels, device, copy_mode, n_slots, rates: Rates,
-            cap: int | None = None, k: float = OVERLAP_K) -> float:
+            cap: int | None = None, k: float = OVERLAP_K, kept: int = 0) -> float:
     """The step's predicted seconds: compute and the longest other queue, overlapped as
     `k` says (OVERLAP_K; inf: the larger), plus what the CPU AdamW holds it up
     (cpu_lateness; `cap`: Engine.max_staged_grads). cpu_params_per_s <= 0: the CPU is
-    not counted."""
-    h2d, d2h, cpu = traffic(numels, device, copy_mode, n_slots)
+    not counted. kept: device blocks whose forward loads nothing (traffic)."""
+    h2d, d2h, cpu = traffic(numels, device, copy_mode, n_slots, kept)
     rate = rates.cpu_params_per_s
     other = max(h2d / rates.link_bps, d2h / rates.link_bps, cpu / rate if rate > 0 else 0.0)
     c = rates.compute_s
@@ -120,16 +123,16 @@ def predict(numels, device, copy_mode, n_slots, rates: Rates,
 
 
 def choose(numels, order: list[int], current: set[int], copy_mode, n_slots,
-           rates: Rates, cap: int | None = None) -> set[int]:
+           rates: Rates, cap: int | None = None, kept: int = 0) -> set[int]:
     """The prefix of `order` with the shortest predicted step (the fewest groups among
     equals); `current` unless that predicts at least 1 - HYSTERESIS shorter."""
     best, best_s = set(), None
     for j in range(len(order) + 1):
         d = set(order[:j])
-        s = predict(numels, d, copy_mode, n_slots, rates, cap)
+        s = predict(numels, d, copy_mode, n_slots, rates, cap, kept=kept)
         if best_s is None or s < best_s * (1 - 1e-9):
             best, best_s = d, s
-    now = predict(numels, current, copy_mode, n_slots, rates, cap)
+    now = predict(numels, current, copy_mode, n_slots, rates, cap, kept=kept)
     return best if best_s < HYSTERESIS * now else set(current)
 
 
@@ -154,8 +157,9 @@ class Balancer:
         rates = Rates(compute_s, self.cpu_rate, LINK_BPS)
         cap = None if e.hold_updates else e.max_staged_grads
         order = self.u.candidates()
+        kept = e.keep.capacity_blocks() if e.keep.enabled else 0
         want = choose(numels, order, self.u.groups, e.copy_mode, len(e.cache.slots), rates,
-                      cap)
+                      cap, kept)
         added = self.u.affordable([g for g in order if g in want and g not in self.u.groups])
         back = sorted(self.u.groups - want)
         self.u.enable(added)
@@ -164,10 +168,11 @@ class Balancer:
             # the device wrote them back on the d2h stream before that gradient's copy.
             self.u.groups.discard(g)
         if added or back:
-            s = predict(numels, self.u.groups, e.copy_mode, len(e.cache.slots), rates, cap)
+            s = predict(numels, self.u.groups, e.copy_mode, len(e.cache.slots), rates, cap,
+                        kept=kept)
             self.log.append({"step": e.step_count, "added": added, "back": back,
                              "predicted_s": s, "cpu_params_per_s": self.cpu_rate,
-                             "compute_s": compute_s})
+                             "compute_s": compute_s, "kept_capacity": kept})
             if back and e.verbose:
                 print(f"outcore: AdamW of groups {back} back to the CPU (balance: step "
                       f"predicted {s:.2f} s)", flush=True)

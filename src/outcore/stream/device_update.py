@@ -220,6 +220,8 @@ class DeviceUpdater:
         self.ready_events[g] = done
         self.weights_ready[g] = weights
         e.cache.updated_in_place(g, w32)
+        if g:
+            e.keep.offer(g, w32)   # for the next forward, where the budget has room
         return done
 
     def ready(self, g: int):

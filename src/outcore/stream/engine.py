@@ -36,6 +36,8 @@ from .device_update import check_option as check_gpu_updates
 from .edges import StepEdges
 from .accounting import StepAccounting
 from .flow import StepFlow
+from .keep import KeptWeights
+from .keep import check_option as check_keep
 from .ring import Ring
 from .optimizer import AdamW, GroupOptimizers
 from .runner import BlockRunner
@@ -60,6 +62,7 @@ class Engine(StepFlow, StepAccounting):
                  skip_nonfinite: bool = False, distributed: bool | None = None,
                  held_gpu_updates: int | str | None = 0,
                  host_weight_copy: bool | str = False,
+                 keep_weights: bool = False,
                  verbose: bool = False):
         self.device = resolve_device(device)
         if compute_dtype is None:
@@ -112,6 +115,11 @@ class Engine(StepFlow, StepAccounting):
         self.grad_ring = Ring(self.lanes, 3, self.cache.slots[0].buf.numel()
                               if self.cache.slots else 0)
         self.stash = ActivationStash(self.lanes, PinnedPool(pin=self.lanes.cuda))
+        # Device-updated blocks' weights kept for the next forward (keep.py); they share the
+        # checkpoints' room. Off by default until measured on a GPU.
+        self.keep = KeptWeights(self)
+        self.keep.enabled = check_keep(keep_weights)
+        self.stash.beside = lambda: self.keep.bytes
         self.peaks = PeakWatch.for_device(self.stash, self.device, self.lanes.cuda)
         self.edges = StepEdges(self.lanes, PinnedPool(pin=self.lanes.cuda))
         self._pools += [self.stash.pool, self.edges.pool]
@@ -273,6 +281,8 @@ class Engine(StepFlow, StepAccounting):
             self._next_lr = None
         self.schedule.begin_backward(hold=self.hold_updates)
         grad0 = self._accumulate_into(leaves, rest.numel()) if rest.numel() else None
+        # Copies kept for this forward that it did not use are stale once backward updates.
+        self.keep.drop()
         self.timer.phase()   # backward's start
         loss.backward()
         if grad0 is not None:

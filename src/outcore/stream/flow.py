@@ -87,11 +87,22 @@ class StepFlow:
         what the user left there (a device-updated `rest` would otherwise stay resident)."""
         if self._host_changed:
             self._host_changed = False
+            self.keep.drop()
             for g in range(len(self.groups)):
                 self.host.refresh(g)
                 self.cache.invalidate(g)
 
     def prefetch_forward(self, g: int) -> None:
+        ahead = g
+        while ahead < len(self.groups) and self.keep.has(ahead):
+            ahead += 1   # kept on the device (keep.py): the next block to load is later
+        if ahead != g:
+            # Look ahead past the kept blocks only when that block's update is done: a host
+            # wait here would hold back the kept blocks' forwards, which need nothing.
+            if ahead < len(self.groups) and not self.schedule.pending(ahead):
+                self.cache.prefetch(ahead, self.weight_source(ahead, False),
+                                    self.host_ready.get(ahead))
+            return
         if g < len(self.groups):
             t = time.perf_counter()
             self.schedule.wait(g)  # host wait: block g's update from the last step

@@ -10,7 +10,8 @@ difference as room for checkpoints, overruns its budget (7b-16k in 14.5 GiB on t
 session 6: out of memory in the step after 15 blocks' AdamW moved to the device).
 
 So the allocator's peak counters are read and reset at every block boundary; an interval's
-peak less the checkpoints held throughout it is the rest's peak there.
+peak less the checkpoints held throughout it is the rest's peak there. Kept weights
+(keep.py) share the checkpoints' room and count as held like them (stash.held_bytes).
 """
 
 from __future__ import annotations
@@ -65,7 +66,13 @@ class PeakWatch:
         self.step_other = 0
         if self.active:
             self.reset()
-        self._held = self.stash.device_bytes
+        self._held = self.stash.held_bytes()
+
+    def rebase(self) -> None:
+        """Count what the stash holds now as held since the interval's start: call right
+        after mark() and one allocation of held bytes (keep.py's copy), so that the copy is
+        not taken for other work in the interval it was made."""
+        self._held = self.stash.held_bytes()
 
     def mark(self) -> None:
         """Close the interval since the last mark (a host-side read of the allocator's
@@ -73,9 +80,15 @@ class PeakWatch:
         if not self.active:
             return
         allocated, reserved = self.read()
-        held = min(self._held, self.stash.device_bytes)
+        held = min(self._held, self.stash.held_bytes())
         self.step_other = max(self.step_other, allocated - held)
         self.peak_allocated = max(self.peak_allocated, allocated)
         self.peak_reserved = max(self.peak_reserved, reserved)
         self.reset()
-        self._held = self.stash.device_bytes
+        self._held = self.stash.held_bytes()
+
+    def rebase(self) -> None:
+        """Count what the stash holds now as held since the interval's start: call right
+        after mark() and one allocation of held bytes (keep.py's copy), so that the copy is
+        not taken for other work in the interval it was made."""
+        self._held = self.stash.held_bytes()

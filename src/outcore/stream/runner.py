@@ -110,7 +110,12 @@ class BlockRunner:
 
     def _weights(self, g: int, backward: bool):
         """Group g's weights: (fp32 slot or None, compute-dtype view or cast; one cast per
-        pass). None: the slot holds the 16-bit host copy (flow.weight_source)."""
+        pass). None: the slot holds the 16-bit host copy (flow.weight_source) or the
+        forward takes the copy kept on the device at g's update (keep.py)."""
+        if not backward:
+            kept = self.e.keep.take(g)
+            if kept is not None:
+                return None, kept
         src = self.e.weight_source(g, backward)
         w = self.e.cache.acquire(g, src, self.e.host_ready.get(g))
         if w.dtype != torch.float32:

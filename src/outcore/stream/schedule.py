@@ -83,6 +83,11 @@ class UpdateSchedule:
                 self._cv.wait()
             self._raise()
 
+    def pending(self, g: int) -> bool:
+        """Whether group g has an update queued or running (no wait)."""
+        with self._cv:
+            return g in self._pending
+
     def wait_below(self, n: int) -> None:
         """Block until fewer than n updates are pending (a deliberate host wait)."""
         with self._cv:

@@ -7,6 +7,8 @@ host buffer on the d2h stream and fetched back (prefetched one block ahead) in b
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
 from ..memory import PinnedPool
@@ -30,12 +32,18 @@ class ActivationStash:
         self.bytes_offloaded = 0
         self.device_bytes = 0
         self.peak_device_bytes = 0
+        # Bytes that share the checkpoints' room on the device (keep.py's kept weights).
+        self.beside: Callable[[], int] = lambda: 0
+
+    def held_bytes(self) -> int:
+        """Device bytes of the checkpoints and of what shares their room."""
+        return self.device_bytes + self.beside()
 
     def put(self, g: int, x: torch.Tensor) -> None:
         nbytes = x.numel() * x.element_size()
         # `limit` is the room left for checkpoints beside everything else the step needs at
         # its peak (Engine._stash_limit), so it is compared with the checkpoints' own bytes.
-        if self.limit is None or self.device_bytes + nbytes <= self.limit:
+        if self.limit is None or self.held_bytes() + nbytes <= self.limit:
             self._dev[g] = x
             self.device_bytes += nbytes
             self.peak_device_bytes = max(self.peak_device_bytes, self.device_bytes)

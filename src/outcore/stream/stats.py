@@ -29,6 +29,7 @@ class StepStats:
     bytes_h2d: int = 0
     bytes_d2h: int = 0
     max_blocks_in_flight: int = 0
+    kept_blocks: int = 0            # last step's forward loads saved by kept weights (keep.py)
     peak_device_bytes: int = 0      # allocated by tensors, over the whole run
     peak_reserved_bytes: int = 0    # held by the caching allocator (what the budget caps)
     skipped_steps: int = 0
