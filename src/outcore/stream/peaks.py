@@ -68,12 +68,6 @@ class PeakWatch:
             self.reset()
         self._held = self.stash.held_bytes()
 
-    def rebase(self) -> None:
-        """Count what the stash holds now as held since the interval's start: call right
-        after mark() and one allocation of held bytes (keep.py's copy), so that the copy is
-        not taken for other work in the interval it was made."""
-        self._held = self.stash.held_bytes()
-
     def mark(self) -> None:
         """Close the interval since the last mark (a host-side read of the allocator's
         counters: no device sync)."""
