@@ -30,26 +30,41 @@ B = "bench/"
 
 # name: [(seconds allowed, command)], the next GPU session's plan (bench/NOTES.md)
 STEPS: dict[str, list[tuple[int, list[str]]]] = {
-    # nvidia-h200: the gemm GPU tests (the arena's budget test has not run), the Linear
-    # layer against 8 GiB (within_budget?), the gemm bench under a time budget
+    # nvidia-h200: the stream GPU tests (keep.py's two are new), then outcore alone at
+    # compiled 3b-16k: the default, keep_weights, keep_weights with 12 blocks interleaved
+    "keep-ab": [(560, PY + [B + "stream_ab.py", "--variants", "balance,keep,keep-12i"])],
+    # nvidia-h200: the run of record (its GPU tests first) at 3b-16k and 1b-16k
+    "stream-record": [(570, PY + [B + "stream.py", "--cases", "3b-16k,1b-16k", "--compiled",
+                                  "--largest", "0", "--timeout", "200"])],
+    # nvidia-h200, after stream-record: 3b-64k appended, the gemm GPU tests (the arena's
+    # budget test has not run), the Linear layer against 8 GiB (within_budget?)
+    "stream-64k-gemm": [(320, PY + [B + "stream.py", "--cases", "3b-64k", "--compiled",
+                                    "--largest", "0", "--skip-tests", "--append",
+                                    "--timeout", "170"]),
+                        (150, PY + ["-m", "pytest", "-q", "-x",
+                                    "tests/gemm/test_gemm_gpu.py"]),
+                        (120, PY + [B + "gemm_linear.py"])],
+    # nvidia-h200: the largest row appended; the gemm bench under a time budget
+    "stream-largest": [(270, PY + [B + "stream.py", "--cases", "", "--skip-tests",
+                                   "--append"])],
     "gemm": [(150, PY + ["-m", "pytest", "-q", "-x", "tests/gemm/test_gemm_gpu.py"]),
              (150, PY + [B + "gemm_linear.py"]),
              (260, PY + [B + "gemm.py", "--budget-s", "150", "--out", "gemm-h200-next"])],
-    # nvidia-h200: the run of record again (forward_s / backward_s now in its rows)
-    "stream-record": [(570, PY + [B + "stream.py", "--cases", "3b-16k,1b-16k", "--compiled",
-                                  "--largest", "0", "--timeout", "200"])],
-    # nvidia-h200, after stream-record: 3b-64k appended, then the largest row
-    "stream-more": [(300, PY + [B + "stream.py", "--cases", "3b-64k", "--compiled",
-                                "--largest", "0", "--skip-tests", "--append",
-                                "--timeout", "170"]),
-                    (270, PY + [B + "stream.py", "--cases", "", "--skip-tests",
-                                "--append"])],
     # nvidia-h200-x2: issue 5's largest rows (merged into parallel-h200x2.json by
     # bench/merge_parts.py afterwards, on the CPU), the embedding throughput
     "x2": [(300, PY + [B + "parallel.py", "--cases", "largest-1gpu,largest-2gpu",
                        "--case-limit", "280", "--out", "parallel-h200x2-largest"]),
            (270, PY + [B + "embed.py", "--cases", "throughput", "--skip-pbg"])],
 }
+
+
+def with_stream_flags(steps: dict, flags: list[str]) -> dict:
+    """`steps` with `flags` added to every bench/stream.py command (e.g. --keep-weights for
+    the run of record when the A/B chose it)."""
+    if not flags:
+        return steps
+    return {name: [(limit, cmd + flags if any(c.endswith("stream.py") for c in cmd) else cmd)
+                   for limit, cmd in cmds] for name, cmds in steps.items()}
 
 
 def snapshot(results: Path) -> dict[str, float]:
@@ -89,16 +104,19 @@ def main() -> int:
     ap.add_argument("steps", nargs="*", help=f"one or more of: {', '.join(STEPS)}")
     ap.add_argument("--out-dir", default=os.environ.get("OUT", "/tmp/outcore-gpu-session"))
     ap.add_argument("--list", action="store_true", help="print the steps' commands")
+    ap.add_argument("--stream-flags", default="", help="added to every bench/stream.py "
+                    "command, e.g. \"--keep-weights\"")
     args = ap.parse_args()
+    steps = with_stream_flags(STEPS, args.stream_flags.split())
     if args.list or not args.steps:
-        for name, cmds in STEPS.items():
+        for name, cmds in steps.items():
             print(f"{name}:")
             for limit, cmd in cmds:
                 print(f"  [{limit} s] {' '.join(cmd[1:])}")
         return 0
-    unknown = [s for s in args.steps if s not in STEPS]
+    unknown = [s for s in args.steps if s not in steps]
     if unknown:
-        print(f"gpu_session.py: unknown step {unknown[0]!r}: choose from {', '.join(STEPS)}",
+        print(f"gpu_session.py: unknown step {unknown[0]!r}: choose from {', '.join(steps)}",
               file=sys.stderr)
         return 2
     if not os.environ.get("OUTCORE_COMMIT"):
@@ -106,7 +124,7 @@ def main() -> int:
               file=sys.stderr)
     rows = []
     for s in args.steps:
-        rows += run_step(s, Path(args.out_dir))
+        rows += run_step(s, Path(args.out_dir), steps=steps)
     print(common.table(rows, ["step", "command", "rc", "seconds", "wrote", "log"]))
     return 0 if all(r["rc"] == 0 for r in rows) else 1
 

@@ -52,7 +52,7 @@ def make_model(size: str, layers: int | None = None, fused_norm: bool = False,
 
 MODEL_SWITCHES = ("fused_norm", "compiled")   # the same model for every system
 OUTCORE_SWITCHES = ("full_recompute", "tune_updates", "host_weight_copy", "device_weight_copy",
-                    "settle_compiles")
+                    "settle_compiles", "keep_weights")
 
 
 def switches(args, names) -> list[str]:
@@ -80,12 +80,15 @@ def run_outcore(args) -> dict:
                          device="cuda", micro_batch_size=args.micro or None,
                          max_grad_norm=args.clip, held_gpu_updates=_held(args),
                          gpu_memory=args.gpu_memory,
-                         gpu_updates=args.gpu_updates,
+                         gpu_updates=_gpu_updates(args),
                          host_weight_copy="device" if args.device_weight_copy
                          else args.host_weight_copy,
+                         keep_weights=args.keep_weights,
                          verbose=True)
     eng.runner.tail.enabled = not args.full_recompute
     eng.updater.order = args.update_order   # which groups' AdamW moves to the GPU first
+    if args.gpu_updates.isdigit():   # a fixed count: rest and N blocks in that order
+        eng.updater.enable(eng.updater.candidates()[:int(args.gpu_updates) + 1])
     eng.updater.settle_compiles = args.settle_compiles
     if args.tune_updates:
         from outcore.stream.tune import UpdateTuner
@@ -149,8 +152,21 @@ def run_outcore(args) -> dict:
             "clip": args.clip, "held_gpu_updates": args.held_gpu_updates,
             "update_tuning": eng.updater.tuner.log if eng.updater.tuner else None,
             "balance_log": eng.updater.balancer.log if eng.updater.balancer else None,
+            "kept_blocks": eng.stats.kept_blocks,   # forward loads kept weights saved
             "deferred_blocks": sorted(eng.deferred.groups),
             "deferred_params": sum(eng.groups[g].numel for g in eng.deferred.groups)}
+
+
+def _updates_arg(v: str) -> str:
+    if v in ("balance", "auto") or v.isdigit():
+        return v
+    raise argparse.ArgumentTypeError(f"{v!r}: use balance, auto or a number of blocks")
+
+
+def _gpu_updates(args):
+    """Engine(gpu_updates=...): a planner's name, or 0 for a fixed count (enabled after the
+    update order is set, run_outcore)."""
+    return 0 if args.gpu_updates.isdigit() else args.gpu_updates
 
 
 def _held(args):
@@ -330,11 +346,14 @@ def main() -> None:
     ap.add_argument("--device-weight-copy", action="store_true", help="as --host-weight-copy "
                     "for the device-updated blocks only (Engine(host_weight_copy='device')): "
                     "the CPU AdamW casts nothing, CPU-updated blocks load fp32")
-    ap.add_argument("--gpu-updates", choices=["balance", "auto"], default="balance",
+    ap.add_argument("--gpu-updates", type=_updates_arg, default="balance",
                     help="outcore's device-updated groups: from a model of the step's "
-                    "queues, moved either way (balance, the default: stream/balance.py), or "
+                    "queues, moved either way (balance, the default: stream/balance.py), "
                     "added while the step waits for the CPU (auto, the default before "
-                    "session 8)")
+                    "session 8), or a fixed N: rest and N blocks in --update-order")
+    ap.add_argument("--keep-weights", action="store_true", help="outcore keeps device-updated "
+                    "blocks' weights on the GPU for the next forward (Engine(keep_weights="
+                    "True): stream/keep.py)")
     ap.add_argument("--settle-compiles", action="store_true", help="outcore's device-update "
                     "planner skips steps in which torch.compile built kernels")
     ap.add_argument("--tune-trials", type=int, default=4, help="--tune-updates: groups "

@@ -42,6 +42,12 @@ VARIANTS = {  # name: bench/stream.py flags (session 5's NOTES, "Next GPU sessio
     "balance": ["--gpu-updates", "balance"],
     "balance-copy": ["--gpu-updates", "balance", "--host-weight-copy"],
     "auto": ["--gpu-updates", "auto"],
+    # Session 9: keep.py (device-updated blocks' weights stay on the GPU for the next
+    # forward, which the session-8 counts say is bound by its fp32 loads), with the balance
+    # planner's groups, and with 12 blocks fixed, every other one past block 3
+    # (interleave: each device block's 12 B/param beside a CPU block's 4 in backward).
+    "keep": ["--keep-weights"],
+    "keep-12i": ["--keep-weights", "--gpu-updates", "12", "--update-order", "interleave"],
 }
 
 

@@ -33,3 +33,13 @@ def test_every_step_names_existing_scripts():
         for _, cmd in cmds:
             script = cmd[1]
             assert script == "-m" or (root / script).is_file(), script
+
+
+def test_stream_flags_reach_only_the_stream_commands():
+    gs = load_stream_bench("gpu_session")
+    steps = gs.with_stream_flags(gs.STEPS, ["--keep-weights"])
+    for name, cmds in steps.items():
+        for (_, cmd), (_, plain) in zip(cmds, gs.STEPS[name]):
+            stream = plain[1].endswith("stream.py")
+            assert cmd == (plain + ["--keep-weights"] if stream else plain)
+    assert gs.with_stream_flags(gs.STEPS, []) is gs.STEPS

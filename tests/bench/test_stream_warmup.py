@@ -25,7 +25,7 @@ class FakeEngine:
         self.stats = SimpleNamespace(compute_s=0.1, copy_wait_s=0.0, optimizer_wait_s=0.0,
                                      forward_s=0.03, backward_s=0.07,
                                      peak_device_bytes=0, peak_reserved_bytes=0,
-                                     alloc_retries=0)
+                                     alloc_retries=0, kept_blocks=0)
         self.stash = SimpleNamespace(bytes_offloaded=0)
         self.deferred = SimpleNamespace(groups=set())
         self.groups = [SimpleNamespace(numel=10) for _ in range(40)]
@@ -63,7 +63,7 @@ def test_warmup_waits_for_the_planner(monkeypatch, moves_after, tuning_until, wa
                               tokens=64, seq=16, warmup=6, steps=5, max_extra_warmup=4,
                               profile=False, host_weight_copy=False, device_weight_copy=False,
                               tune_trials=4,
-                              settle_compiles=False, gpu_updates="balance")
+                              settle_compiles=False, gpu_updates="balance", keep_weights=False)
     r = bench.run_outcore(args)
     assert r["warmup_steps"] == warmup_steps and r["plan_settled"] is settled
     assert len(r["losses"]) == warmup_steps + 5

@@ -223,3 +223,50 @@ def test_a_failed_registration_leaves_no_error_for_the_next_kernel():
         assert (torch.ones(4, device="cuda") + 1).sum().item() == 8
     finally:
         rt.cudaHostUnregister(ptr)
+
+
+def test_kept_weights_on_gpu_match_plain_pytorch():
+    """keep.py: device-updated blocks 4..6 of 9 keep their updated weights on the device for
+    the next forward, which loads nothing for them; fp32 training equals plain PyTorch's."""
+    import copy
+    from .models import batch_for
+    torch.manual_seed(1)
+    model = outcore.models.decoder("tiny", layers=9, vocab=96, max_seq=64)
+    ref = copy.deepcopy(model)
+    gen = torch.Generator().manual_seed(2)
+    batches = [batch_for("decoder", gen) for _ in range(4)]
+    torch.backends.cuda.matmul.allow_tf32 = False
+    want = plain_steps(ref, batches, None, None)
+    eng = outcore.Engine(model, optimizer=outcore.AdamW(lr=LR, eps=EPS, weight_decay=WD),
+                         device="cuda", compute_dtype=torch.float32, gpu_updates=0,
+                         keep_weights=True)
+    eng.updater.enable(list(range(7)))
+    got, kept = [], []
+    for b in batches:
+        got.append(eng.train_step(b))
+        kept.append(eng.stats.kept_blocks)
+    for g, w in zip(got, want):
+        assert abs(g - w) <= 1e-5 * abs(w) + 1e-6, (got, want)
+    assert kept == [0, 3, 3, 3]
+    assert_params_match(eng, ref)
+    eng.close()
+
+
+def test_kept_weights_stay_within_the_budget():
+    """With a budget the copies take only the room beside the last step's peak without
+    checkpoints, shared with the checkpoints: the peak stays within the budget."""
+    torch.cuda.empty_cache()
+    model = outcore.models.decoder("125m", layers=12, max_seq=512)
+    budget = 4 * 1024**3
+    eng = outcore.Engine(model, device="cuda", gpu_memory=budget, micro_batch_size=2,
+                         gpu_updates=0, keep_weights=True)
+    eng.updater.enable(list(range(10)))
+    x = torch.randint(0, 32000, (16, 512))
+    losses, kept = [], []
+    for _ in range(4):
+        losses.append(eng.train_step({"input_ids": x, "labels": x}))
+        kept.append(eng.stats.kept_blocks)
+    assert losses[-1] < losses[0]
+    assert kept[0] == 0 and kept[-1] > 0, kept   # room is known from step 2's forward on
+    assert eng.stats.peak_reserved_bytes <= budget
+    eng.close()
