@@ -193,6 +193,12 @@ class DeviceUpdater:
             i16, w16 = self._ring16.take()
             w16 = w16[:w32.numel()]
             w16.copy_(w32)
+        e.cache.updated_in_place(g, w32)
+        if g:
+            # A copy for the next forward, where the budget has room (keep.py). Cast before
+            # the event the write-back waits on: the slot's next fill waits for that
+            # write-back, so it cannot overwrite w32 before this cast has read it.
+            e.keep.offer(g, w32)
         with lanes.on(lanes.d2h):
             # Stream wait: the update is enqueued on the compute stream.
             lanes.wait(lanes.d2h, lanes.event())
@@ -219,9 +225,6 @@ class DeviceUpdater:
         self.bytes_d2h += 12 * w32.numel()
         self.ready_events[g] = done
         self.weights_ready[g] = weights
-        e.cache.updated_in_place(g, w32)
-        if g:
-            e.keep.offer(g, w32)   # for the next forward, where the budget has room
         return done
 
     def ready(self, g: int):
