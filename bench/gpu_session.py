@@ -31,8 +31,11 @@ B = "bench/"
 # name: [(seconds allowed, command)], the next GPU session's plan (bench/NOTES.md)
 STEPS: dict[str, list[tuple[int, list[str]]]] = {
     # nvidia-h200: the stream GPU tests (keep.py's two are new), then outcore alone at
-    # compiled 3b-16k: the default, keep_weights, keep_weights with 12 blocks interleaved
-    "keep-ab": [(560, PY + [B + "stream_ab.py", "--variants", "balance,keep,keep-12i"])],
+    # compiled 3b-16k: the default, keep_weights, keep_weights with 12 blocks interleaved;
+    # at 1b-16k the default and keep_weights
+    "keep-ab": [(430, PY + [B + "stream_ab.py", "--variants", "balance,keep,keep-12i"]),
+                (140, PY + [B + "stream_ab.py", "--case", "1b-16k", "--variants",
+                            "balance,keep", "--skip-tests"])],
     # nvidia-h200: the run of record (its GPU tests first) at 3b-16k and 1b-16k
     "stream-record": [(570, PY + [B + "stream.py", "--cases", "3b-16k,1b-16k", "--compiled",
                                   "--largest", "0", "--timeout", "200"])],

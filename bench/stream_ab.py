@@ -60,8 +60,15 @@ def commands(args) -> list[tuple[str, list[str]]]:
         if name not in VARIANTS:
             raise SystemExit(f"unknown variant {name!r}: choose from {', '.join(VARIANTS)}")
         tests = [] if i == 0 and not args.skip_tests else ["--skip-tests"]
-        out.append((name, base + VARIANTS[name] + tests + ["--out", f"stream-h200-ab-{name}"]))
+        out.append((name, base + VARIANTS[name] + tests + ["--out", out_name(args.case, name)]))
     return out
+
+
+def out_name(case: str, variant: str) -> str:
+    """The results file's name: stream-h200-ab-<variant> at 3b-16k (as since session 5),
+    stream-h200-ab-<case>-<variant> at another case."""
+    return f"stream-h200-ab-{variant}" if case == "3b-16k" else \
+        f"stream-h200-ab-{case}-{variant}"
 
 
 def row_of(path: str, case: str) -> dict | None:
@@ -92,7 +99,7 @@ def main() -> int:
         if args.dry_run:
             continue
         subprocess.run(cmd, cwd=common.ROOT)   # a failed variant leaves its error row
-        r = row_of(str(common.RESULTS / f"stream-h200-ab-{name}.json"), args.case)
+        r = row_of(str(common.RESULTS / f"{out_name(args.case, name)}.json"), args.case)
         rows.append(dict(r or {}, variant=name))
     print(common.table(rows, ["variant", "step_s", "window_step_s", "tokens_per_s",
                               "compute_s", "copy_wait_s", "forward_s", "backward_s",
