@@ -59,13 +59,14 @@ def rows() -> list[dict]:
             size = r["case"].split("-")[0]
             numels = shapes.setdefault(size, group_numels(size))
             device = set(r["device_updated_groups"])
-            h2d, d2h, _ = balance.traffic(numels, device, None, SLOTS)
+            kept = r.get("kept_blocks", 0)   # keep.py's blocks (session 9 on)
+            h2d, d2h, _ = balance.traffic(numels, device, None, SLOTS, kept)
             log = r.get("balance_log") or []
             out.append({"file": os.path.basename(path), "case": r["case"],
                         "groups": len(device), "compute_s": r["compute_s"],
                         "copies_s": max(h2d, d2h) / balance.LINK_BPS,
                         "cpu_rate": log[-1]["cpu_params_per_s"] if log else 0.0,
-                        "numels": numels, "device": device,
+                        "numels": numels, "device": device, "kept": kept,
                         "mean_step_s": r.get("window_step_s") or r["step_s"]})
     return out
 
@@ -73,7 +74,8 @@ def rows() -> list[dict]:
 def predicted(r: dict, k: float) -> float:
     """balance.predict for row r (the engine's default staged-gradient cap)."""
     return balance.predict(r["numels"], r["device"], None, SLOTS,
-                           balance.Rates(r["compute_s"], r["cpu_rate"]), STAGED_GRADS, k=k)
+                           balance.Rates(r["compute_s"], r["cpu_rate"]), STAGED_GRADS, k=k,
+                           kept=r["kept"])
 
 
 def error(r: dict, k: float) -> float:

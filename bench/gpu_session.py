@@ -7,7 +7,8 @@
 Each step is a few commands that belong in one call of the device tool (at most 10
 minutes). They run one after the other, each under its own time limit; each one's output
 goes to OUT_DIR/<step>-<i>.log, and every file of bench/results/ that the step wrote or
-changed is copied to OUT_DIR, so nothing measured stays behind on the machine. A table of
+changed is added to OUT_DIR/results.tar (unpack it into bench/results/ here), so nothing
+measured stays behind on the machine. A table of
 the commands (exit status, seconds, the files they wrote) is printed last. A failed
 command does not stop the step: the next one runs.
 """
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
+import tarfile
 import subprocess
 import sys
 import time
@@ -30,12 +31,12 @@ B = "bench/"
 
 # name: [(seconds allowed, command)], the next GPU session's plan (bench/NOTES.md)
 STEPS: dict[str, list[tuple[int, list[str]]]] = {
-    # nvidia-h200: the stream GPU tests (keep.py's two are new), then outcore alone at
-    # compiled 3b-16k: the default, keep_weights, keep_weights with 12 blocks interleaved;
-    # at 1b-16k the default and keep_weights
-    "keep-ab": [(430, PY + [B + "stream_ab.py", "--variants", "balance,keep,keep-12i"]),
+    # nvidia-h200: the stream GPU tests, then outcore alone at compiled 3b-16k: without
+    # keep_weights, the default (with it), with 12 blocks interleaved; at 1b-16k the first
+    # two (session 9 ran this at 368fd67, when keep_weights was opt-in)
+    "keep-ab": [(430, PY + [B + "stream_ab.py", "--variants", "no-keep,balance,keep-12i"]),
                 (140, PY + [B + "stream_ab.py", "--case", "1b-16k", "--variants",
-                            "balance,keep", "--skip-tests"])],
+                            "no-keep,balance", "--skip-tests"])],
     # nvidia-h200: the run of record (its GPU tests first) at 3b-16k and 1b-16k
     "stream-record": [(570, PY + [B + "stream.py", "--cases", "3b-16k,1b-16k", "--compiled",
                                   "--largest", "0", "--timeout", "200"])],
@@ -62,12 +63,15 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
 
 
 def with_stream_flags(steps: dict, flags: list[str]) -> dict:
-    """`steps` with `flags` added to every bench/stream.py command (e.g. --keep-weights for
-    the run of record when the A/B chose it)."""
+    """`steps` with `flags` added to every bench/stream.py command (e.g. --no-keep-weights
+    for a run of record without keep.py)."""
     if not flags:
         return steps
     return {name: [(limit, cmd + flags if any(c.endswith("stream.py") for c in cmd) else cmd)
                    for limit, cmd in cmds] for name, cmds in steps.items()}
+
+
+ARCHIVE = "results.tar"   # in the output dir: every results file the commands wrote
 
 
 def snapshot(results: Path) -> dict[str, float]:
@@ -92,8 +96,11 @@ def run_step(name: str, out_dir: Path, results: Path = common.RESULTS,
                 rc = "timeout"
         after = snapshot(results)
         wrote = sorted(k for k, m in after.items() if before.get(k) != m)
-        for k in wrote:   # what this command measured leaves the machine with the call
-            shutil.copy2(results / k, out_dir / k)
+        # What this command measured leaves the machine with the call, in one archive: the
+        # device tool brings back at most 8 files (session 9 lost two results files).
+        with tarfile.open(out_dir / ARCHIVE, "a") as tar:
+            for k in wrote:
+                tar.add(results / k, arcname=k)
         rows.append({"step": name, "command": " ".join(Path(c).name if j == 0 else c
                                                        for j, c in enumerate(cmd))[:70],
                      "rc": rc, "seconds": round(time.perf_counter() - t, 1),
@@ -108,7 +115,7 @@ def main() -> int:
     ap.add_argument("--out-dir", default=os.environ.get("OUT", "/tmp/outcore-gpu-session"))
     ap.add_argument("--list", action="store_true", help="print the steps' commands")
     ap.add_argument("--stream-flags", default="", help="added to every bench/stream.py "
-                    "command, e.g. \"--keep-weights\"")
+                    "command, e.g. \"--no-keep-weights\"")
     args = ap.parse_args()
     steps = with_stream_flags(STEPS, args.stream_flags.split())
     if args.list or not args.steps:

@@ -52,7 +52,7 @@ def make_model(size: str, layers: int | None = None, fused_norm: bool = False,
 
 MODEL_SWITCHES = ("fused_norm", "compiled")   # the same model for every system
 OUTCORE_SWITCHES = ("full_recompute", "tune_updates", "host_weight_copy", "device_weight_copy",
-                    "settle_compiles", "keep_weights")
+                    "settle_compiles", "no_keep_weights")
 
 
 def switches(args, names) -> list[str]:
@@ -83,7 +83,7 @@ def run_outcore(args) -> dict:
                          gpu_updates=_gpu_updates(args),
                          host_weight_copy="device" if args.device_weight_copy
                          else args.host_weight_copy,
-                         keep_weights=args.keep_weights,
+                         keep_weights=not args.no_keep_weights,
                          verbose=True)
     eng.runner.tail.enabled = not args.full_recompute
     eng.updater.order = args.update_order   # which groups' AdamW moves to the GPU first
@@ -351,9 +351,9 @@ def main() -> None:
                     "queues, moved either way (balance, the default: stream/balance.py), "
                     "added while the step waits for the CPU (auto, the default before "
                     "session 8), or a fixed N: rest and N blocks in --update-order")
-    ap.add_argument("--keep-weights", action="store_true", help="outcore keeps device-updated "
-                    "blocks' weights on the GPU for the next forward (Engine(keep_weights="
-                    "True): stream/keep.py)")
+    ap.add_argument("--no-keep-weights", action="store_true", help="outcore does not keep "
+                    "device-updated blocks' weights on the GPU for the next forward "
+                    "(Engine(keep_weights=False); the default keeps them: stream/keep.py)")
     ap.add_argument("--settle-compiles", action="store_true", help="outcore's device-update "
                     "planner skips steps in which torch.compile built kernels")
     ap.add_argument("--tune-trials", type=int, default=4, help="--tune-updates: groups "

@@ -1,7 +1,8 @@
 """bench/gpu_session.py: a step's commands run in order, a failure or a timeout does not
-stop the next, and every results file a command wrote is copied out."""
+stop the next, and every results file a command wrote is archived in the output dir."""
 
 import sys
+import tarfile
 
 from .test_stream_append import load_stream_bench
 
@@ -21,8 +22,12 @@ def test_a_step_runs_every_command_and_copies_what_each_wrote(tmp_path):
     rows = gs.run_step("s", out, results=results, steps=steps)
     assert [r["rc"] for r in rows] == [0, 3, "timeout", 0]
     assert [r["wrote"] for r in rows] == ["a.json", "-", "-", "b.json"]
-    assert (out / "a.json").read_text() == "1" and (out / "b.json").read_text() == "2"
-    assert not (out / "old.json").exists()
+    with tarfile.open(out / "results.tar") as tar:
+        assert sorted(tar.getnames()) == ["a.json", "b.json"]   # not old.json
+        assert tar.extractfile("a.json").read() == b"1"
+        assert tar.extractfile("b.json").read() == b"2"
+    assert {p.name for p in out.iterdir()} == {f"s-{i}.log" for i in range(4)} | \
+        {"results.tar"}
     assert "boom" in (out / "s-1.log").read_text()
 
 
@@ -37,9 +42,9 @@ def test_every_step_names_existing_scripts():
 
 def test_stream_flags_reach_only_the_stream_commands():
     gs = load_stream_bench("gpu_session")
-    steps = gs.with_stream_flags(gs.STEPS, ["--keep-weights"])
+    steps = gs.with_stream_flags(gs.STEPS, ["--no-keep-weights"])
     for name, cmds in steps.items():
         for (_, cmd), (_, plain) in zip(cmds, gs.STEPS[name]):
             stream = plain[1].endswith("stream.py")
-            assert cmd == (plain + ["--keep-weights"] if stream else plain)
+            assert cmd == (plain + ["--no-keep-weights"] if stream else plain)
     assert gs.with_stream_flags(gs.STEPS, []) is gs.STEPS

@@ -30,12 +30,13 @@ LINK_BPS = 42.5e9
 CPU_PRIOR = 2.5e9
 HYSTERESIS = 0.97   # a new choice must predict a step at least 3% shorter
 # Compute and copies overlap imperfectly: a step is (compute^K + copies^K)^(1/K), not the
-# larger of the two. K = 4 fits the 26 outcore rows of bench/results/stream-h200*.json
+# larger of the two. K = 4 fit the 26 outcore rows of bench/results/stream-h200*.json
 # without host copies or held updates (sessions 1-8, eager and compiled, 1-23 device
 # groups; the CPU counted where a row logged its AdamW rate) with an rms error of 7.8%
 # against their mean steps (the larger alone: 11.8%). It is optimistic where it chose:
-# 0.835 s predicted at 3b-16k for 7 groups, 0.902 s measured (session 8).
-# bench/balance_fit.py prints the fit.
+# 0.835 s predicted at 3b-16k for 7 groups, 0.902 s measured (session 8); with session 9's
+# rows (its planner's own choices, 10-25% slower than predicted) the rms is 9.4% over 28
+# rows (K = 3: 8.7%; the larger alone: 13.5%). bench/balance_fit.py prints the fit.
 OVERLAP_K = 4
 BACKWARD_SHARE = 0.7   # of a step: the recompute and the gradients against the forward
 

@@ -62,7 +62,7 @@ class Engine(StepFlow, StepAccounting):
                  skip_nonfinite: bool = False, distributed: bool | None = None,
                  held_gpu_updates: int | str | None = 0,
                  host_weight_copy: bool | str = False,
-                 keep_weights: bool = False,
+                 keep_weights: bool = True,
                  verbose: bool = False):
         self.device = resolve_device(device)
         if compute_dtype is None:
@@ -116,7 +116,7 @@ class Engine(StepFlow, StepAccounting):
                               if self.cache.slots else 0)
         self.stash = ActivationStash(self.lanes, PinnedPool(pin=self.lanes.cuda))
         # Device-updated blocks' weights kept for the next forward (keep.py); they share the
-        # checkpoints' room. Off by default until measured on a GPU.
+        # checkpoints' room. On by default since session 9's A/B on the H200.
         self.keep = KeptWeights(self)
         self.keep.enabled = check_keep(keep_weights)
         self.stash.beside = lambda: self.keep.bytes
