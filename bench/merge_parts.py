@@ -1,11 +1,13 @@
 """Join results files measured by separate commands into one file of parts.
 
-    python3 bench/merge_parts.py stream-h200 first.json second.json ...
+    python3 bench/merge_parts.py stream-h200 first.json second.json@last ...
 
 What `bench/stream.py --append` writes when the earlier part's file is in the tree: each
 input becomes one part (its own command, commit, date, torch, GPU tests), each row is
 tagged with its part's index, the rows keep every figure as measured. The inputs must be
 one benchmark's files from one machine kind; nothing is recomputed or edited.
+`FILE@last` takes only the newest part of a file already in parts (what one --append
+command added; its header is that file's top level). A stream file gets its plot too.
 """
 
 from __future__ import annotations
@@ -35,14 +37,41 @@ def merge(docs: list[dict]) -> dict:
     return out
 
 
+def last_part(doc: dict) -> dict:
+    """The newest part of a file in parts as a single-command file: its rows (untagged)
+    and the top-level header, which an --append command leaves as its own."""
+    parts = doc.pop("parts", None)
+    if not parts:
+        raise SystemExit("@last: the file is not in parts; name it without @last")
+    k = len(parts) - 1
+    doc.pop("merged_by", None)
+    doc.update(parts[k])
+    doc["runs"] = [{key: v for key, v in r.items() if key != "part"}
+                   for r in doc["runs"] if r.get("part") == k]
+    return doc
+
+
+def load(arg: str) -> dict:
+    path, _, which = arg.partition("@")
+    if which not in ("", "last"):
+        raise SystemExit(f"{arg}: only FILE or FILE@last")
+    doc = json.loads(Path(path).read_text())
+    return last_part(doc) if which else doc
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("name", help="output: bench/results/NAME.json")
-    ap.add_argument("inputs", nargs="+", type=Path, help="results files, oldest first")
+    ap.add_argument("inputs", nargs="+", help="results files, oldest first (FILE@last: the "
+                    "newest part of a file in parts)")
     args = ap.parse_args()
-    docs = [json.loads(p.read_text()) for p in args.inputs]
-    print(common.write(merge(docs), args.name))
+    doc = merge([load(a) for a in args.inputs])
+    print(common.write(doc, args.name))
+    if doc.get("benchmark") == "stream":
+        from stream_record import plot
+        from stream import CASES
+        plot(doc, common.RESULTS / f"{args.name}.png", CASES)
 
 
 if __name__ == "__main__":

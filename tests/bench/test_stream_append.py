@@ -61,6 +61,29 @@ def test_merge_parts_joins_single_command_files():
         merge([dict(a, runs=[]), dict(b, machine="nvidia-h200x2", runs=[])])
 
 
+def test_merge_parts_takes_the_last_part_of_an_appended_file(tmp_path):
+    mp = load_stream_bench("merge_parts")
+    head = {"benchmark": "stream", "machine": "nvidia-h200", "torch": "2.11", "gpus": ["H200"],
+            "compiled": False}
+    old = dict(head, command="b", commit="c2", date="d2", parts=[
+        {"command": "a", "commit": "c1", "date": "d1"},
+        {"command": "b", "commit": "c2", "date": "d2", "gpu_tests": None}],
+        runs=[{"case": "3b-16k", "step_s": 1.0}, {"case": "largest", "step_s": 3.0, "part": 1}])
+    path = tmp_path / "appended.json"
+    path.write_text(json.dumps(old))
+    last = mp.load(f"{path}@last")
+    assert last["runs"] == [{"case": "largest", "step_s": 3.0}] and "parts" not in last
+    assert (last["command"], last["commit"], last["compiled"]) == ("b", "c2", False)
+    first = dict(head, command="x", commit="c3", date="d3", runs=[{"case": "1b-16k"}])
+    doc = mp.merge([first, last])
+    assert [(r["case"], r["part"]) for r in doc["runs"]] == [("1b-16k", 0), ("largest", 1)]
+    with pytest.raises(SystemExit, match="not in parts"):
+        mp.load(f"{tmp_path / 'plain.json'}@last") if (tmp_path / "plain.json").write_text(
+            json.dumps(first)) else None
+    with pytest.raises(SystemExit, match="only FILE"):
+        mp.load(f"{path}@2")
+
+
 def test_out_takes_a_bare_name_or_a_path(tmp_path):
     """Every bench's --out: `gemm-h200-s8` means bench/results/gemm-h200-s8.json (session 8
     ran gemm.py with `--out NAME`, which failed at its end and wrote nothing); a path is
