@@ -36,39 +36,52 @@ def test_every_buffer_of_a_product_is_a_view_of_the_arena(monkeypatch):
     class Spy(DeviceWorker):
         def _loop(self, pull, first):
             super()._loop(pull, first)
-            seen.append(self)
+            seen.append((self, self.arena.buf,
+                         self.cache._bufs + self.accs + self.cbufs + self.landing))
 
     stats = GemmStats(m, n, k, "fp32", plan="", devices=[DeviceStats("cpu")])
     job = GemmJob(plan, HostMatrix(A, "A"), HostMatrix(B, "B"), HostMatrix(C, "out"),
                   ta=False, tb=False, alpha=1.0, beta=0.0)
     execute(job, [torch.device("cpu")], stats, worker_cls=Spy)
     torch.testing.assert_close(C, A @ B, rtol=1e-4, atol=1e-4)
-    w = seen[0]
-    base, size = w.arena.buf.data_ptr(), w.arena.buf.numel()
-    bufs = [b for b in w.cache._bufs + w.accs + w.cbufs + w.landing if b is not None]
+    w, buf, views = seen[0]
+    base, size = buf.data_ptr(), buf.numel()
+    bufs = [b for b in views if b is not None]
     assert len(bufs) >= 3
     for b in bufs:
         assert base <= b.data_ptr() and b.data_ptr() + b.numel() * b.element_size() <= base + size
     assert size <= plan.device_bytes() + Arena.slack(plan.n_slots + plan.n_acc + 4)
+    # once the product is done the worker holds no view of its arena (its segment is free
+    # for the next product even if the worker lives on)
+    assert w.arena is None and w.cache is None and not (w.accs or w.cbufs or w.landing)
 
 
-def test_a_larger_arena_empties_the_cache_first(monkeypatch):
-    """The rule of _make_room, with the allocator's counters faked: a product no larger
-    than the largest arena so far reuses the cached segment; a larger one empties the
-    cache first, when something is cached."""
+def test_an_arena_no_cached_block_holds_empties_the_cache_first(monkeypatch):
+    """The rule of _make_room, with the allocator faked: an arena that a freed cached block
+    holds reuses it; one that none holds empties the cache first, when something is
+    cached; what earlier products made does not matter (an empty_cache by someone else)."""
     calls = []
-    state = {"reserved": 0, "allocated": 0}
+    state = {"reserved": 0, "allocated": 0, "free": []}
     monkeypatch.setattr(torch.cuda, "memory_reserved", lambda d=None: state["reserved"])
     monkeypatch.setattr(torch.cuda, "memory_allocated", lambda d=None: state["allocated"])
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append("empty"))
-    monkeypatch.setattr(arena_mod, "_largest", {})
+    monkeypatch.setattr(torch.cuda, "memory_snapshot", lambda: [
+        {"device": 0, "blocks": [{"state": "inactive", "size": n} for n in state["free"]]
+         + [{"state": "active_allocated", "size": 64 << 20}]},
+        {"device": 1, "blocks": [{"state": "inactive", "size": 1 << 30}]}])
     dev = torch.device("cuda", 0)
     arena_mod._make_room(dev, 8 << 20)          # the first: nothing to hand back
-    state["reserved"] = 8 << 20                 # ... then freed into the cache
-    arena_mod._make_room(dev, 6 << 20)          # smaller: reuses the cached segment
+    state["reserved"], state["free"] = 8 << 20, [8 << 20]   # ... then freed into the cache
+    arena_mod._make_room(dev, 6 << 20)          # a cached block holds it: reused
     assert calls == []
-    arena_mod._make_room(dev, 9 << 20)          # larger: the cache goes first
+    arena_mod._make_room(dev, 9 << 20)          # none holds it (device 1's does not count)
     assert calls == ["empty"]
-    state["allocated"] = state["reserved"] = 9 << 20   # still in use: nothing cached
+    state["allocated"] = state["reserved"]      # still in use: nothing cached
+    state["free"] = []
     arena_mod._make_room(dev, 12 << 20)
     assert calls == ["empty"]
+    # the cache was emptied by someone else, then a smaller product ran and was freed:
+    # the next, larger one empties again (a remembered largest arena skipped this)
+    state["allocated"], state["reserved"], state["free"] = 0, 2 << 20, [2 << 20]
+    arena_mod._make_room(dev, 4 << 20)
+    assert calls == ["empty", "empty"]

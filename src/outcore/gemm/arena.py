@@ -20,20 +20,37 @@ import torch
 ALIGN = 512   # bytes: every view starts on a boundary cuBLAS and the copy engines like
 
 _lock = threading.Lock()
-_largest: dict[torch.device, int] = {}   # per GPU: the largest arena made since the last release
+
+
+def largest_free_block(device: torch.device) -> int:
+    """Bytes of the largest block the caching allocator holds freed on `device`: the
+    largest allocation it can serve without a new segment (a snapshot of its segments,
+    taken once per product)."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    best = 0
+    for seg in torch.cuda.memory_snapshot():
+        if seg.get("device") != index:
+            continue
+        for block in seg.get("blocks", ()):
+            if block.get("state") == "inactive":
+                best = max(best, block.get("size", 0))
+    return best
 
 
 def _make_room(device: torch.device, nbytes: int) -> None:
-    """Before a CUDA arena of `nbytes`: if an earlier, smaller arena sits freed in the
-    allocator's cache, hand the cache back, so the new segment is not made beside it."""
+    """Before a CUDA arena of `nbytes`: when the allocator caches freed blocks but none of
+    them holds the arena, hand the cache back, so the new segment is not made beside them.
+
+    Asked of the allocator each time, not remembered: session 9's GPU test of it failed
+    (436 MB reserved against 256 MiB) when this kept the largest arena made so far in the
+    process, and an earlier test's larger arena, long freed and handed back by the test's
+    own empty_cache, hid that the next product's arena fit no cached block."""
     with _lock:
-        if _largest.get(device, 0) < nbytes:
-            if 0 < _largest.get(device, 0) and \
-                    torch.cuda.memory_reserved(device) > torch.cuda.memory_allocated(device):
-                # Empties every unused cached block of the process, not only the old arena's:
-                # they would be reused, but an arena larger than any of them makes a new one.
-                torch.cuda.empty_cache()
-            _largest[device] = nbytes
+        cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+        if cached > 0 and largest_free_block(device) < nbytes:
+            # Empties every unused cached block of the process, not only old arenas: they
+            # would be reused, but an arena larger than all of them makes a new segment.
+            torch.cuda.empty_cache()
 
 
 class Arena:

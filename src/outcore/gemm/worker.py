@@ -85,6 +85,16 @@ class DeviceWorker:
                 self.stats.device_bytes = self.cache.nbytes() + sum(
                     t.numel() * t.element_size() for t in self.accs + self.cbufs + self.landing
                     if t is not None)
+                self._release()
+
+    def _release(self) -> None:
+        """Drop every view of the arena, and the arena: its segment is free for the next
+        product as soon as run() returns, even while something still refers to this worker
+        (a reference cycle would keep it, and the arena with it, until a garbage collection,
+        and the next product's arena would be made beside it)."""
+        self.cache = None
+        self.accs, self.cbufs, self.landing = [], [], []
+        self.arena = None
 
     def _setup(self) -> None:
         p, dev = self.plan, self.device
