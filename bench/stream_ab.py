@@ -50,6 +50,9 @@ VARIANTS = {  # name: bench/stream.py flags (session 5's NOTES, "Next GPU sessio
     # default) and became the default: `no-keep` is the variant without it.
     "no-keep": ["--no-keep-weights"],
     "keep-12i": ["--gpu-updates", "12", "--update-order", "interleave"],
+    # next: the planner's own count in the interleaved order (keep-12i's every-other
+    # layout spreads the device blocks' 12 B/param each way across backward)
+    "interleave": ["--update-order", "interleave"],
 }
 
 

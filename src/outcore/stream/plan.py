@@ -47,6 +47,8 @@ def describe(engine) -> str:
         f"3 block slots + resident = {fmt_bytes(fixed_device_bytes(engine))} fixed"
         + (f", budget {fmt_bytes(engine.gpu_memory)}" if engine.gpu_memory else ""),
         f"  micro-batch: {engine.micro_batch_size or 'whole batch'}; activation checkpoints "
-        "at block boundaries on the device while they fit, else pinned host memory",
+        "at block boundaries on the device while they fit, else pinned host memory"
+        + ("; device-updated blocks' weights kept for the next forward in the same room"
+           if engine.keep.enabled else ""),
     ]
     return "\n".join(lines)
