@@ -49,6 +49,9 @@ def _train_parser(sub) -> None:
     p.add_argument("--host-weight-copy", action="store_true", default=None,
                    help="keep 16-bit copies of the blocks' weights on the host and load them "
                    "where fp32 is not needed (bf16 compute; +2 B/param of host memory)")
+    p.add_argument("--no-keep-weights", dest="keep_weights", action="store_false",
+                   default=None, help="do not keep the device-updated blocks' weights on the "
+                   "GPU for the next forward (kept by default: they share the checkpoints' room)")
     p.add_argument("--seed", type=int)
     p.add_argument("--nproc", type=int, help="data-parallel ranks on this machine (re-runs "
                    "itself under torchrun; host state sharded over them)")

@@ -45,6 +45,7 @@ class TrainConfig:
     compute_dtype: str = "auto"       # auto | float32 | bfloat16 | tf32
     compile_kernels: bool = False     # reference sizes: DecoderConfig(compiled=True)
     host_weight_copy: bool = False    # Engine(host_weight_copy=True): 16-bit compute only
+    keep_weights: bool = True         # Engine(keep_weights=...): device-updated blocks' weights
     seed: int = 0
     max_data_bytes: int = 3_000_000   # of the built-in corpus
     generate_tokens: int = 200

@@ -192,7 +192,7 @@ def run(cfg: TrainConfig, loss_fn=None, return_model: bool = False) -> dict:
     kw = dict(device=device, compute_dtype=_dtype(cfg, device), micro_batch_size=micro,
               max_grad_norm=cfg.max_grad_norm, gpu_memory=cfg.gpu_memory,
               skip_nonfinite=cfg.skip_nonfinite, host_weight_copy=cfg.host_weight_copy,
-              verbose=True)
+              keep_weights=cfg.keep_weights, verbose=True)
     engine = _resume(cfg, out_dir, model, data, global_batch, kw) if cfg.resume else None
     if engine is None:
         opt = AdamW(lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, weight_decay=cfg.weight_decay)

@@ -97,3 +97,18 @@ def test_train_refuses_before_allocating(tmp_path, capsys):
     assert "refusing to start" in err and "host memory (16 B/param)" in err
     assert time.perf_counter() - t < 20  # nothing large was built
     assert not any(tmp_path.iterdir())
+
+
+def test_no_keep_weights_flag_and_key(tmp_path):
+    from outcore.cli import build_parser
+    args = build_parser().parse_args(["train", "--no-keep-weights"])
+    flags = {k: v for k, v in vars(args).items() if k not in ("func", "config", "command",
+                                                                "nproc")}
+    assert build({}, flags).keep_weights is False
+    assert build({}, {}).keep_weights is True
+    f = tmp_path / "c.toml"
+    f.write_text("[train]\nkeep_weights = false\n")
+    assert build(load_toml(f), {}).keep_weights is False
+    f.write_text("[train]\nkeep_weights = 'no'\n")
+    with pytest.raises(OutcoreError, match="keep_weights"):
+        build(load_toml(f), {})

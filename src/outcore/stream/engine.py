@@ -342,5 +342,6 @@ class Engine(StepFlow, StepAccounting):
 
     def close(self) -> None:
         self.synchronize()
+        self.keep.drop()   # device memory of the kept weights goes back now
         self.schedule.close()
         self._unpin()   # the model's parameters stay usable: pageable from here on
