@@ -10,7 +10,8 @@ several K (K = inf: the larger of the two). The CPU AdamW counts where the row l
 measured rate (balance_log, the balance planner's rows); the earlier rows logged none, and
 their planner had moved groups until the step stopped waiting for the CPU, so only their
 copies count. The table compares the prediction with the row's mean step (window_step_s,
-else step_s). Prints the rows and the error per K; writes nothing.
+else step_s), and so does stream/simulate.py's block-by-block step. Prints the rows and
+the error per K and of the simulation; writes nothing.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import common  # noqa: E402
 
 from outcore.models import decoder  # noqa: E402
 from outcore.stream import balance  # noqa: E402
+from outcore.stream.simulate import simulate  # noqa: E402
 
 CASES = ("1b-16k", "3b-16k", "7b-16k")
 SLOTS = 3          # the engine's block slots in these runs
@@ -82,18 +84,32 @@ def error(r: dict, k: float) -> float:
     return (predicted(r, k) - r["mean_step_s"]) / r["mean_step_s"]
 
 
+def simulated(r: dict) -> float:
+    """stream/simulate.py's step for row r (no fitted parameter)."""
+    return simulate(r["numels"], r["device"], SLOTS,
+                    balance.Rates(r["compute_s"], r["cpu_rate"]), kept=r["kept"])
+
+
+def sim_error(r: dict) -> float:
+    return (simulated(r) - r["mean_step_s"]) / r["mean_step_s"]
+
+
 def main() -> int:
     rs = rows()
     for r in rs:
         r["predicted_s"] = predicted(r, balance.OVERLAP_K)
-    print(common.table(rs, ["file", "case", "groups", "compute_s", "copies_s", "cpu_rate",
-                            "predicted_s", "mean_step_s"]))
+        r["simulated_s"] = simulated(r)
+    print(common.table(rs, ["file", "case", "groups", "kept", "compute_s", "copies_s",
+                            "cpu_rate", "predicted_s", "simulated_s", "mean_step_s"]))
     print(f"{len(rs)} rows; error of the predicted step against the mean step:")
     for k in (3, 4, 6, math.inf):
         err = [error(r, k) for r in rs]
         mark = "  <- balance.OVERLAP_K" if k == balance.OVERLAP_K else ""
         print(f"  K={k}: mean {sum(err) / len(err):+.1%}, rms "
               f"{math.sqrt(sum(e * e for e in err) / len(err)):.1%}{mark}")
+    err = [sim_error(r) for r in rs]
+    print(f"  simulated (stream/simulate.py): mean {sum(err) / len(err):+.1%}, rms "
+          f"{math.sqrt(sum(e * e for e in err) / len(err)):.1%}")
     return 0
 
 
