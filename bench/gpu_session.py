@@ -37,6 +37,11 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
     "order-ab": [(430, PY + [B + "stream_ab.py", "--variants", "balance,interleave,keep-12i"]),
                  (140, PY + [B + "stream_ab.py", "--case", "1b-16k", "--variants",
                              "balance,interleave", "--skip-tests"])],
+    # nvidia-h200: the H200 host's CPU AdamW with and without the bf16 copy (one pass:
+    # stream/cast_kernel.py), then outcore alone at 3b-16k with the copies written in the
+    # AdamW's pass against the default
+    "copy-ab": [(150, PY + [B + "adamw_cast.py"]),
+                (420, PY + [B + "stream_ab.py", "--variants", "balance,fused-copy"])],
     # nvidia-h200: the run of record (its GPU tests first) at 3b-16k and 1b-16k
     "stream-record": [(570, PY + [B + "stream.py", "--cases", "3b-16k,1b-16k", "--compiled",
                                   "--largest", "0", "--timeout", "200"])],

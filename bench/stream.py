@@ -52,7 +52,7 @@ def make_model(size: str, layers: int | None = None, fused_norm: bool = False,
 
 MODEL_SWITCHES = ("fused_norm", "compiled")   # the same model for every system
 OUTCORE_SWITCHES = ("full_recompute", "tune_updates", "host_weight_copy", "device_weight_copy",
-                    "settle_compiles", "no_keep_weights")
+                    "settle_compiles", "no_keep_weights", "fused_copy")
 
 
 def switches(args, names) -> list[str]:
@@ -81,8 +81,7 @@ def run_outcore(args) -> dict:
                          max_grad_norm=args.clip, held_gpu_updates=_held(args),
                          gpu_memory=args.gpu_memory,
                          gpu_updates=_gpu_updates(args),
-                         host_weight_copy="device" if args.device_weight_copy
-                         else args.host_weight_copy,
+                         host_weight_copy=_copy_mode(args),
                          keep_weights=not args.no_keep_weights,
                          verbose=True)
     eng.runner.tail.enabled = not args.full_recompute
@@ -155,6 +154,13 @@ def run_outcore(args) -> dict:
             "kept_blocks": eng.stats.kept_blocks,   # forward loads kept weights saved
             "deferred_blocks": sorted(eng.deferred.groups),
             "deferred_params": sum(eng.groups[g].numel for g in eng.deferred.groups)}
+
+
+def _copy_mode(args):
+    """Engine(host_weight_copy=...) from the three switches."""
+    if args.device_weight_copy:
+        return "device"
+    return "fused" if args.fused_copy else args.host_weight_copy
 
 
 def _updates_arg(v: str) -> str:
@@ -346,6 +352,9 @@ def main() -> None:
     ap.add_argument("--device-weight-copy", action="store_true", help="as --host-weight-copy "
                     "for the device-updated blocks only (Engine(host_weight_copy='device')): "
                     "the CPU AdamW casts nothing, CPU-updated blocks load fp32")
+    ap.add_argument("--fused-copy", action="store_true", help="as --host-weight-copy, the "
+                    "CPU AdamW writing the copy in its own pass (Engine(host_weight_copy="
+                    "'fused'): stream/cast_kernel.py, a C++ kernel built on first use)")
     ap.add_argument("--gpu-updates", type=_updates_arg, default="balance",
                     help="outcore's device-updated groups: from a model of the step's "
                     "queues, moved either way (balance, the default: stream/balance.py), "

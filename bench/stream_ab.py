@@ -53,6 +53,11 @@ VARIANTS = {  # name: bench/stream.py flags (session 5's NOTES, "Next GPU sessio
     # next: the planner's own count in the interleaved order (keep-12i's every-other
     # layout spreads the device blocks' 12 B/param each way across backward)
     "interleave": ["--update-order", "interleave"],
+    # next: 16-bit host copies written in the CPU AdamW's own pass (stream/cast_kernel.py).
+    # stream/simulate.py puts 3b-16k at 0.86 s with every block's loads at 2 B/param and
+    # the CPU AdamW 12% slower, against 0.91 s for the default and 0.89 s with the cast
+    # after the AdamW (26% slower, as in session 8)
+    "fused-copy": ["--fused-copy"],
 }
 
 

@@ -39,3 +39,9 @@ def test_the_cpu_bounds_a_step_that_updates_everything_on_it():
     # 1400 params at 100 params/s: 14 s of AdamW a step, against 1 s of compute
     step = simulate(NUMELS, set(), 3, Rates(1.0, 100, FREE))
     assert step == pytest.approx(14.0, rel=0.1)
+
+
+def test_16_bit_loads_shorten_a_link_bound_step():
+    slow = Rates(1.0, FREE, 1e3)
+    assert simulate(NUMELS, set(), 3, slow, cpu_load_bytes=2) < \
+        simulate(NUMELS, set(), 3, slow)

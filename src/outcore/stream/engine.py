@@ -107,6 +107,12 @@ class Engine(StepFlow, StepAccounting):
         self.copy_mode = check_copy_option(self, host_weight_copy, held_gpu_updates)
         if self.copy_mode:
             self.host.keep_copies(compute_dtype)
+        # host_weight_copy="fused": the CPU AdamW writes the bf16 copies in its own pass
+        # (cast_kernel.py; None when it cannot be built: a cast after torch's AdamW).
+        self.cast_kernel = None
+        if host_weight_copy == "fused" and compute_dtype == torch.bfloat16:
+            from .cast_kernel import load
+            self.cast_kernel = load()
         self._host_changed = False   # set by .model: the caller may have edited weights
         self.opt = GroupOptimizers(self.host.master, self.optimizer_config)
         self._pinned += [self.opt.m, self.opt.v]   # pinned by enable(): the lists, read late

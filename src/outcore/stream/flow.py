@@ -178,9 +178,14 @@ class StepFlow:
         host_wait(done)  # host sync (worker thread only): the d2h copy must have landed
         t = time.perf_counter()
         if self.nonfinite_check(g, hsq):
-            self.opt.step(g, hbuf, scale)
-            if self.copy_mode == "all":
-                self.host.refresh(g)   # the 16-bit copy, before the next load waits
+            copy = self.host.copy[g] if self.copy_mode == "all" else None
+            if copy is not None and self.cast_kernel is not None:
+                # AdamW writes the 16-bit copy as it writes the weights (cast_kernel.py)
+                self.opt.step_cast(g, hbuf, copy, self.cast_kernel, scale)
+            else:
+                self.opt.step(g, hbuf, scale)
+                if copy is not None:
+                    self.host.refresh(g)   # the 16-bit copy, before the next load waits
         self._cpu_busy_s += time.perf_counter() - t
         self._cpu_params += hbuf.numel()
         self.host.grad_pool.put(hbuf)

@@ -107,6 +107,17 @@ class GroupOptimizers:
         _adamw([self.masters[g]], [grad], [self.m[g]], [self.v[g]], [self.steps[g]],
                fused=self.fused, grad_scale=inv, **self._kw(lr))
 
+    def step_cast(self, g: int, grad: torch.Tensor, out16: torch.Tensor, kernel,
+                  scale: float = 1.0, lr: float | None = None) -> None:
+        """As `step`, and out16 = the updated weights in bf16, in the same pass over them
+        (cast_kernel.py; `kernel` is its loaded extension)."""
+        if self.masters[g].numel() == 0:
+            return
+        from .cast_kernel import step_cast
+        self.steps[g] += 1
+        step_cast(kernel, self.masters[g], grad, self.m[g], self.v[g], out16,
+                  step=int(self.steps[g]), scale=scale, **self._kw(lr))
+
     def device_step(self, g: int, w: torch.Tensor, grad: torch.Tensor, m: torch.Tensor,
                     v: torch.Tensor, found_inf: torch.Tensor | None, advance: bool = True,
                     grad_scale: torch.Tensor | None = None, lr: float | None = None) -> None:

@@ -32,10 +32,11 @@ STEPS = 3
 
 
 def simulate(numels: list[int], device: set[int], n_slots: int, rates: Rates,
-             kept: int = 0) -> float:
+             kept: int = 0, cpu_load_bytes: int = 4) -> float:
     """Seconds of one steady step (see the module docstring). numels[0] is rest (resident,
     reloaded after a CPU update); kept: device blocks whose forward loads nothing, as in
-    balance.traffic."""
+    balance.traffic; cpu_load_bytes: bytes per param a CPU-updated block's loads carry (2
+    with host_weight_copy, whose CPU AdamW rate the caller lowers by the cast's cost)."""
     n = len(numels)
     blocks = list(range(1, n))
     total = sum(numels[1:]) or 1
@@ -60,7 +61,8 @@ def simulate(numels: list[int], device: set[int], n_slots: int, rates: Rates,
                 ready = 0.0
             else:
                 may = done[i - PREFETCH] if i >= PREFETCH else start
-                h2d = max(h2d, may, updated[g]) + 4 * numels[g] / link
+                nbytes = 4 if g in device else cpu_load_bytes
+                h2d = max(h2d, may, updated[g]) + nbytes * numels[g] / link
                 ready = h2d
             t = max(t, ready) + fwd[g]
             done.append(t)
@@ -69,7 +71,8 @@ def simulate(numels: list[int], device: set[int], n_slots: int, rates: Rates,
         ring: list[float] = []             # d2h end of each gradient, backward order
         starts: list[float] = []
         for i, g in enumerate(reversed(blocks)):
-            need = (0 if g > n - 1 - n_slots else 4) + (8 if g in device else 0)
+            weights = 4 if g in device else cpu_load_bytes
+            need = (0 if g > n - 1 - n_slots else weights) + (8 if g in device else 0)
             if need:
                 may = starts[i - PREFETCH + 1] if i >= PREFETCH - 1 else t
                 h2d = max(h2d, may) + need * numels[g] / link

@@ -81,15 +81,17 @@ def forward_kwargs(params, batch: dict, to_device) -> dict:
 
 def check_copy_option(engine, value, held_gpu_updates) -> str | None:
     """Engine(host_weight_copy=...): False (None: no copies), True or "all" (every block's
-    copy, refreshed by the CPU AdamW too) or "device" (only the device-updated blocks load
-    their copy, which the device writes; the CPU AdamW casts nothing). 16-bit compute, one
+    copy, refreshed by the CPU AdamW too), "fused" (as "all", the CPU AdamW writing the copy
+    in its own pass: cast_kernel.py) or "device" (only the device-updated blocks load their
+    copy, which the device writes; the CPU AdamW casts nothing). 16-bit compute, one
     process, no held device updates."""
     if value is False or value is None:
         return None
-    mode = "all" if value is True else value
+    mode = "all" if value in (True, "fused") else value
     if mode not in ("all", "device"):
         raise OutcoreError(f"host_weight_copy={value!r}: use False, True (or 'all': every "
-                           "block) or 'device' (the device-updated blocks only)")
+                           "block), 'fused' (every block, cast in the CPU AdamW's pass) or "
+                           "'device' (the device-updated blocks only)")
     if engine.compute_dtype.itemsize != 2:
         raise OutcoreError("host_weight_copy=True keeps 16-bit copies for a 16-bit compute "
                            f"dtype, not {engine.compute_dtype}: use compute_dtype="
