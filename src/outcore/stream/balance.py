@@ -35,9 +35,9 @@ HYSTERESIS = 0.97   # a new choice must predict a step at least 3% shorter
 # groups; the CPU counted where a row logged its AdamW rate) with an rms error of 7.8%
 # against their mean steps (the larger alone: 11.8%). It is optimistic where it chose:
 # 0.835 s predicted at 3b-16k for 7 groups, 0.902 s measured (session 8); with session 9's
-# rows (its planner's own choices, 7-25% slower than predicted) the rms is 9.5% over 30
-# rows (K = 3: 8.5%; the larger alone: 13.5%). stream/simulate.py, which plays the step
-# block by block, fits them within 7.4% with no fitted parameter; it agrees with this
+# rows (its planner's own choices, 7-25% slower than predicted) the rms is 9.4% over 31
+# rows (K = 3: 8.4%; the larger alone: 13.4%). stream/simulate.py, which plays the step
+# block by block, fits them within 7.3% with no fitted parameter; it agrees with this
 # planner's choices at 3b-16k and 1b-16k. bench/balance_fit.py prints both.
 OVERLAP_K = 4
 BACKWARD_SHARE = 0.7   # of a step: the recompute and the gradients against the forward
