@@ -34,14 +34,16 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
     # nvidia-h200: the stream GPU tests, then outcore alone at compiled 3b-16k: the default
     # (balance, tail order, keep_weights), the planner in the interleaved order, 12 blocks
     # interleaved (0.865 s against the default's 0.877 in session 9's A/B); 1b-16k likewise
-    "order-ab": [(430, PY + [B + "stream_ab.py", "--variants", "balance,interleave,keep-12i"]),
+    "order-ab": [(430, PY + [B + "stream_ab.py", "--variants", "balance,interleave,keep-12i",
+                             "--tag", "order"]),
                  (140, PY + [B + "stream_ab.py", "--case", "1b-16k", "--variants",
-                             "balance,interleave", "--skip-tests"])],
+                             "balance,interleave", "--skip-tests", "--tag", "order"])],
     # nvidia-h200: the H200 host's CPU AdamW with and without the bf16 copy (one pass:
     # stream/cast_kernel.py), then outcore alone at 3b-16k with the copies written in the
     # AdamW's pass against the default
     "copy-ab": [(150, PY + [B + "adamw_cast.py"]),
-                (420, PY + [B + "stream_ab.py", "--variants", "balance,fused-copy"])],
+                (420, PY + [B + "stream_ab.py", "--variants", "balance,fused-copy",
+                            "--tag", "copy"])],
     # nvidia-h200: the run of record (its GPU tests first) at 3b-16k and 1b-16k
     "stream-record": [(570, PY + [B + "stream.py", "--cases", "3b-16k,1b-16k", "--compiled",
                                   "--largest", "0", "--timeout", "200"])],

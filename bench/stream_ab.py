@@ -70,15 +70,17 @@ def commands(args) -> list[tuple[str, list[str]]]:
         if name not in VARIANTS:
             raise SystemExit(f"unknown variant {name!r}: choose from {', '.join(VARIANTS)}")
         tests = [] if i == 0 and not args.skip_tests else ["--skip-tests"]
-        out.append((name, base + VARIANTS[name] + tests + ["--out", out_name(args.case, name)]))
+        out.append((name, base + VARIANTS[name] + tests +
+                    ["--out", out_name(args.case, name, args.tag)]))
     return out
 
 
-def out_name(case: str, variant: str) -> str:
-    """The results file's name: stream-h200-ab-<variant> at 3b-16k (as since session 5),
-    stream-h200-ab-<case>-<variant> at another case."""
-    return f"stream-h200-ab-{variant}" if case == "3b-16k" else \
-        f"stream-h200-ab-{case}-{variant}"
+def out_name(case: str, variant: str, tag: str = "") -> str:
+    """The results file's name: stream-h200-ab[-<tag>]-<variant> at 3b-16k (as since
+    session 5), with -<case> before the variant at another case. A tag keeps an A/B from
+    overwriting an earlier one's files (session 9's overwrote session 8's)."""
+    parts = ["stream-h200-ab"] + ([tag] if tag else []) + ([] if case == "3b-16k" else [case])
+    return "-".join(parts + [variant])
 
 
 def row_of(path: str, case: str) -> dict | None:
@@ -94,6 +96,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--case", default="3b-16k")
+    ap.add_argument("--tag", default="", help="put in every results file's name "
+                    "(stream-h200-ab-<tag>-...), so this A/B overwrites no earlier one")
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--compiled", action=argparse.BooleanOptionalAction, default=True)
     ap.add_argument("--reference", default=str(common.RESULTS / "stream-h200.json"))
@@ -109,7 +113,8 @@ def main() -> int:
         if args.dry_run:
             continue
         subprocess.run(cmd, cwd=common.ROOT)   # a failed variant leaves its error row
-        r = row_of(str(common.RESULTS / f"{out_name(args.case, name)}.json"), args.case)
+        r = row_of(str(common.RESULTS / f"{out_name(args.case, name, args.tag)}.json"),
+                   args.case)
         rows.append(dict(r or {}, variant=name))
     print(common.table(rows, ["variant", "step_s", "window_step_s", "tokens_per_s",
                               "compute_s", "copy_wait_s", "forward_s", "backward_s",

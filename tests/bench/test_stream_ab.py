@@ -9,7 +9,8 @@ from .test_stream_append import load_stream_bench
 
 
 def args(**kw):
-    base = dict(case="3b-16k", variants="tune,settle", compiled=True, skip_tests=False)
+    base = dict(case="3b-16k", variants="tune,settle", compiled=True, skip_tests=False,
+                tag="")
     return argparse.Namespace(**{**base, **kw})
 
 
@@ -24,3 +25,14 @@ def test_one_command_per_variant():
                for c in (first, second))
     with pytest.raises(SystemExit, match="unknown variant 'fast'"):
         ab.commands(args(variants="settle,fast"))
+
+
+def test_stream_ab_names_its_files_by_tag_case_and_variant():
+    ab = load_stream_bench("stream_ab")
+    assert ab.out_name("3b-16k", "balance") == "stream-h200-ab-balance"
+    assert ab.out_name("1b-16k", "balance") == "stream-h200-ab-1b-16k-balance"
+    assert ab.out_name("1b-16k", "keep", "copy") == "stream-h200-ab-copy-1b-16k-keep"
+    for cmds in load_stream_bench("gpu_session").STEPS.values():   # the A/B steps tag
+        for _, cmd in cmds:
+            if cmd[1].endswith("stream_ab.py"):
+                assert "--tag" in cmd, cmd
