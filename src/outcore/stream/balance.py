@@ -52,6 +52,14 @@ class Rates:
     link_bps: float = LINK_BPS
 
 
+def kept_blocks(n: int, device: set[int], n_slots: int, kept: int) -> set[int]:
+    """The device blocks of a model of n groups whose next forward keep.py serves: those
+    between the slots' two ends (KeptWeights.keepable), at most `kept` of them, the first
+    updated in backward (the highest) first."""
+    return set(sorted((g for g in device if n_slots < g <= n - 1 - n_slots),
+                      reverse=True)[:max(0, kept)])
+
+
 def traffic(numels: list[int], device: set[int], copy_mode: str | None,
             n_slots: int, kept: int = 0) -> tuple[int, int, int]:
     """(h2d bytes, d2h bytes, CPU-updated params) of one step whose `device` groups update
@@ -63,8 +71,7 @@ def traffic(numels: list[int], device: set[int], copy_mode: str | None,
     keep.py keeps on the device (`kept` of them, the first updated: the highest)."""
     n = len(numels)
     h2d = d2h = cpu = 0
-    held = set(sorted((g for g in device if n_slots < g <= n - 1 - n_slots),
-                      reverse=True)[:max(0, kept)])
+    held = kept_blocks(n, device, n_slots, kept)
     for g, k in enumerate(numels):
         dev = g in device
         copy_fwd = copy_mode == "all" or (copy_mode == "device" and dev)

@@ -10,10 +10,11 @@ device until the next forward uses it (and frees it): that forward loads nothing
 
 Only blocks between the slots' ends are kept: the last `n_slots` blocks of backward stay in
 their slots and the forward finds them there, and the last `n_slots` of forward stay in
-theirs for the backward, which needs them in fp32 (keepable). Copies live from late backward (few checkpoints
-held) to early forward, and take only what the budget leaves beside the last step's peak
-without checkpoints (Engine._device_room): the checkpoints and the kept copies share that
-room (the stash counts the copies against its limit, PeakWatch counts them as held).
+theirs for the backward, which needs them in fp32 (keepable). Copies live from late
+backward (few checkpoints held) to early forward, and take only what the budget leaves
+beside the last step's peak without checkpoints (Engine._device_room): the checkpoints and
+the kept copies share that room (the stash counts the copies against its limit, PeakWatch
+counts them as held).
 """
 
 from __future__ import annotations
@@ -41,10 +42,10 @@ class KeptWeights:
       budget, no limit); -1 while unknown (a budget but no measured step): keep nothing.
     """
 
-    def __init__(self, engine, room: Callable[[], int | None] | None = None):
+    def __init__(self, engine):
         self.e = engine
         self.enabled = False
-        self.room = room if room is not None else self._room
+        self.room: Callable[[], int | None] = self._room
         self._kept: dict[int, tuple[torch.Tensor, int]] = {}
         self.bytes = 0
         self.used = 0   # blocks whose forward took a kept copy instead of a load, this step

@@ -13,6 +13,7 @@ import torch
 from torch.optim.adamw import adamw as _torch_adamw
 
 from ..errors import OutcoreError
+from .cast_kernel import step_cast
 
 
 @dataclass
@@ -113,7 +114,6 @@ class GroupOptimizers:
         (cast_kernel.py; `kernel` is its loaded extension)."""
         if self.masters[g].numel() == 0:
             return
-        from .cast_kernel import step_cast
         self.steps[g] += 1
         step_cast(kernel, self.masters[g], grad, self.m[g], self.v[g], out16,
                   step=int(self.steps[g]), scale=scale, **self._kw(lr))

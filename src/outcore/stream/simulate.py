@@ -24,7 +24,7 @@ unlike it, it has no fitted overlap exponent. `bench/balance_fit.py` compares th
 
 from __future__ import annotations
 
-from .balance import BACKWARD_SHARE, Rates
+from .balance import BACKWARD_SHARE, Rates, kept_blocks
 
 PREFETCH = 2   # blocks ahead of the compute a load may start (3 slots: one computing)
 RING = 3       # gradient buffers (Engine.grad_ring)
@@ -44,8 +44,7 @@ def simulate(numels: list[int], device: set[int], n_slots: int, rates: Rates,
     bwd = [BACKWARD_SHARE * rates.compute_s * numels[g] / total for g in range(n)]
     link = rates.link_bps
     cpu_rate = rates.cpu_params_per_s if rates.cpu_params_per_s > 0 else float("inf")
-    held = set(sorted((g for g in device if n_slots < g <= n - 1 - n_slots),
-                      reverse=True)[:max(0, kept)])
+    held = kept_blocks(n, device, n_slots, kept)
     t = h2d = d2h = cpu = 0.0
     updated = {g: 0.0 for g in range(n)}   # when g's host weights are current
     start = 0.0
