@@ -58,9 +58,16 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
     # nvidia-h200: the largest row appended; the gemm bench under a time budget
     "stream-largest": [(270, PY + [B + "stream.py", "--cases", "", "--skip-tests",
                                    "--append"])],
+    # nvidia-h200: the gemm GPU tests (the arena's budget test failed in session 9), the
+    # Linear layer against 8 GiB, the allocations behind its peak, the host's AdamW rates
     "gemm": [(150, PY + ["-m", "pytest", "-q", "-x", "tests/gemm/test_gemm_gpu.py"]),
              (150, PY + [B + "gemm_linear.py"]),
-             (260, PY + [B + "gemm.py", "--budget-s", "150", "--out", "gemm-h200-next"])],
+             (100, PY + [B + "diag/gemm_linear_mem.py", "--features", "65536", "--tokens",
+                         "4096", "--gpu-memory", "8GiB", "--min-mib", "256"]),
+             (150, PY + [B + "adamw_cast.py"])],
+    # nvidia-h200: the gemm bench under a time budget
+    "gemm-bench": [(260, PY + [B + "gemm.py", "--budget-s", "150", "--out",
+                               "gemm-h200-next"])],
     # nvidia-h200-x2: issue 5's largest rows (merged into parallel-h200x2.json by
     # bench/merge_parts.py afterwards, on the CPU), the embedding throughput
     "x2": [(300, PY + [B + "parallel.py", "--cases", "largest-1gpu,largest-2gpu",
