@@ -12,8 +12,10 @@ case becomes a row with "error". Cases (N = 2 gives the names 3b-2gpu, largest-2
   3b-slowed-equal/-measured  the last rank's GPU shares its time with another process
                              running bf16 matmuls nonstop (common.Hog; GPU settings never
                              touched)
-  largest-1gpu, largest-Ngpu the largest reference size whose host need (model build
-                             4 B/param per rank + 12 B/param state + margin) fits host RAM
+  largest-1gpu, largest-Ngpu the most layers of the 7b shape whose host need fits 85% of
+                             host RAM (largest_layers). Every model is built on the meta
+                             device: each rank makes real only its own shard of the state
+                             (stream/materialize.py), so N ranks do not build N models.
 """
 
 from __future__ import annotations
@@ -62,7 +64,8 @@ def worker(case: dict) -> None:
     cuda = torch.cuda.is_available()
     device = f"cuda:{rank}" if cuda else "cpu"
     torch.manual_seed(0)
-    model = decoder(case["size"], max_seq=case["seq"])
+    model = decoder(case["size"], lazy=True, max_seq=case["seq"],
+                    **({"layers": case["layers"]} if "layers" in case else {}))
     kw = dict(device=device, micro_batch_size=case["micro"], max_grad_norm=1.0,
               gpu_memory=case.get("gpu_memory"))
     if n > 1:
@@ -130,17 +133,24 @@ def run_case(case: dict, limit_s: float) -> dict:
     return {**base, "error": err[-300:] or "no result"}
 
 
-def largest_size(nproc: int, host_bytes: int, smoke: bool) -> str:
+# Host bytes of one process per parameter at the largest single-GPU row (bench/stream.py's
+# HOST_BYTES_PER_PARAM: 12 of state, the rest pinned pools and libraries), and what each
+# further rank adds: its checkpoint pool (16k tokens x 4096 x 2 B per layer), its gradient
+# staging and its CUDA and torch libraries.
+HOST_BYTES_PER_PARAM = 15.5
+RANK_BYTES_PER_LAYER = 16384 * 4096 * 2
+RANK_BYTES = 10e9
+
+
+def largest_layers(nproc: int, host_bytes: int) -> int:
+    """Layers of the 7b shape whose host need (above) fits 85% of host RAM on nproc ranks."""
     from outcore.models import SIZES
-    if smoke:
-        return "small"
-    best = "1b"
-    for name, cfg in SIZES.items():
-        p = cfg.num_params()
-        need = p * (4 * nproc + 14) + 24 * 2**30  # build copies + state + pinned pools
-        if need <= 0.85 * host_bytes and p > SIZES[best].num_params():
-            best = name
-    return best
+    cfg = SIZES["7b"]
+    ends = 2 * cfg.vocab * cfg.dim
+    per_layer = (cfg.num_params() - ends) / cfg.layers
+    room = 0.85 * host_bytes - HOST_BYTES_PER_PARAM * ends - (nproc - 1) * RANK_BYTES
+    return max(1, int(room // (HOST_BYTES_PER_PARAM * per_layer
+                               + (nproc - 1) * RANK_BYTES_PER_LAYER)))
 
 
 def main() -> None:
@@ -174,7 +184,9 @@ def main() -> None:
              dict(c, name="3b-slowed-measured", nproc=N, slow_rank=N - 1, shares="measured",
                   steps=steps + (2 if smoke else 6))]
     for n in (1, N):
-        cases.append(dict(c, name=f"largest-{n}gpu", nproc=n, size=largest_size(n, host, smoke),
+        big = {"size": "small"} if smoke else \
+            {"size": "7b", "layers": largest_layers(n, host)}
+        cases.append(dict(c, name=f"largest-{n}gpu", nproc=n, **big,
                           rows_per_gpu=rpg, steps=3 if not smoke else 2, warmup=1))
     if args.cases:
         want = args.cases.split(",")
@@ -188,7 +200,8 @@ def main() -> None:
     for case in cases:
         t = time.monotonic()
         row = run_case(case, 60.0 if smoke else args.case_limit)
-        row["size"] = case["size"]
+        row["size"] = case["size"] + (f" x {case['layers']} layers" if "layers" in case
+                                      else "")
         row["wall_s"] = time.monotonic() - t
         doc["runs"].append(row)
         print(f"{case['name']}: {'error: ' + row['error'] if 'error' in row else 'ok'} "

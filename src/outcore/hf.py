@@ -7,7 +7,6 @@ place of its meta parameter, one tensor at a time; peak = the fp32 model + one t
 
 from __future__ import annotations
 
-import contextlib
 import json
 from pathlib import Path
 
@@ -15,6 +14,7 @@ import torch
 from torch import nn
 
 from .errors import OutcoreError
+from .meta import meta_parameters  # noqa: F401  (also outcore.hf.meta_parameters)
 
 
 def is_hf_dir(path: str) -> bool:
@@ -28,22 +28,6 @@ def _transformers():
         raise OutcoreError("loading a Hugging Face checkpoint needs transformers: "
                            "pip install 'outcore[hf]'") from None
     return transformers
-
-
-@contextlib.contextmanager
-def meta_parameters():
-    """Parameters created inside land on the meta device; buffers stay real (small)."""
-    orig = nn.Module.register_parameter
-
-    def register(self, name, param):
-        if param is not None and param.device.type != "meta":
-            param = nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
-        orig(self, name, param)
-    nn.Module.register_parameter = register
-    try:
-        yield
-    finally:
-        nn.Module.register_parameter = orig
 
 
 def shard_files(path: str | Path) -> list[Path]:

@@ -82,7 +82,10 @@ def build_model(cfg: TrainConfig):
     """(model, tokenizer) for --model: a reference size or a local HF checkpoint dir."""
     if cfg.model in SIZES:
         max_seq = max(SIZES[cfg.model].max_seq, cfg.seq_len)
-        return decoder(cfg.model, max_seq=max_seq, compiled=cfg.compile_kernels), \
+        # lazy: no fp32 model is built beside the engine's host state (on every rank of
+        # --nproc N, only its shard; stream/materialize.py)
+        return decoder(cfg.model, lazy=True, max_seq=max_seq,
+                       compiled=cfg.compile_kernels), \
             ByteTokenizer()
     if is_hf_dir(cfg.model):
         if cfg.compile_kernels:

@@ -5,6 +5,9 @@ import copy
 import pytest
 import torch
 
+import outcore
+from outcore.models import decoder
+
 from outcore.parallel import split_rows
 from tests.stream.models import batch_for, loss_fn_for, make
 from tests.stream.test_equivalence import plain_steps
@@ -73,6 +76,28 @@ def test_ranks_match_whole_batch_training(tmp_path, family, n, rows, shares, cli
             check(o["resumed_losses"], o["resumed_params"], want_losses[2:], want_params)
     if shares == "measured":
         assert outs[0]["shares"] and abs(sum(outs[0]["shares"][-1]) - 1) < 1e-9
+
+
+def test_lazy_ranks_fill_their_shards_as_one_process_fills_the_whole(tmp_path):
+    """A model on the meta device: each rank makes only its slices real, and they are the
+    single-process engine's weights (the same seed), through training and a resume."""
+    n, rows, steps = 2, 6, 3
+    cfg = {"family": "decoder", "lazy": True, "rows": rows, "steps": steps,
+           "out": str(tmp_path / "out"), "save_at": 2, "ckpt": str(tmp_path / "ckpt")}
+    rc, errs, _ = run_ranks(cfg, n)
+    assert rc == [0] * n, "\n".join(e[-2000:] for e in errs)
+    torch.manual_seed(1)
+    one = outcore.Engine(decoder("tiny", vocab=96, max_seq=64, lazy=True), device="cpu")
+    ref = copy.deepcopy(one.model)
+    gen = torch.Generator().manual_seed(2)
+    batches = [batch_for("decoder", gen, rows=rows) for _ in range(steps)]
+    want_losses = plain_steps(ref, batches, None, None)
+    outs = [torch.load(f"{cfg['out']}.{r}") for r in range(n)]
+    for o in outs:
+        check(o["losses"], o["params"], want_losses, dict(ref.named_parameters()))
+        check(o["resumed_losses"], o["resumed_params"], want_losses[2:],
+              dict(ref.named_parameters()))
+        assert o["state_bytes"] == 12 * outs[0]["padded"] // n
 
 
 def test_a_killed_rank_is_named_and_the_others_exit(tmp_path):

@@ -12,10 +12,18 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 import outcore  # noqa: E402
+from outcore.models import decoder  # noqa: E402
 from outcore.parallel import init_distributed, shutdown  # noqa: E402
 from tests.stream.models import batch_for, blocks_for, loss_fn_for, make  # noqa: E402
 
 LR, EPS, WD = 3e-3, 1e-6, 0.1
+
+
+def build(cfg: dict):
+    """The test's model; "lazy": the tiny decoder on the meta device (materialize.py)."""
+    if cfg.get("lazy"):
+        return decoder("tiny", vocab=96, max_seq=64, lazy=True)
+    return make(cfg["family"])
 
 
 def main(cfg: dict) -> None:
@@ -23,7 +31,7 @@ def main(cfg: dict) -> None:
     rank = torch.distributed.get_rank()
     fam = cfg["family"]
     torch.manual_seed(1)
-    model = make(fam)
+    model = build(cfg)
     gen = torch.Generator().manual_seed(2)
     batches = [batch_for(fam, gen, rows=cfg["rows"]) for _ in range(cfg["steps"])]
     kw = dict(device="cpu", micro_batch_size=cfg.get("micro"), max_grad_norm=cfg.get("clip"),
@@ -47,7 +55,7 @@ def main(cfg: dict) -> None:
     if cfg.get("save_at"):  # resume in a fresh engine from the checkpoint, finish the run
         engine.close()
         torch.manual_seed(1)
-        fresh = make(fam)
+        fresh = build(cfg)
         e2 = outcore.Engine.load(cfg["ckpt"], fresh, **kw)
         out["resumed_losses"] = [e2.train_step(b, loss_fn=loss_fn_for(fam))
                                  for b in batches[e2.step_count:]]

@@ -17,6 +17,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from ..errors import OutcoreError
+from ..meta import meta_parameters
 from .kernels import Kernels
 
 _KERNELS = {False: Kernels(compiled=False), True: Kernels(compiled=True)}
@@ -72,10 +73,16 @@ SIZES: dict[str, DecoderConfig] = {
 }
 
 
-def decoder(size: str, **overrides) -> "Decoder":
-    """A reference decoder of a named size ("tiny" .. "70b"), fields overridable."""
+def decoder(size: str, lazy: bool = False, **overrides) -> "Decoder":
+    """A reference decoder of a named size ("tiny" .. "70b"), fields overridable.
+
+    lazy: parameters on the meta device (no memory); the engine fills them with
+    Decoder.init_param as it builds its host state (stream/materialize.py)."""
     if size not in SIZES:
         raise OutcoreError(f"unknown model size {size!r}: choose one of {', '.join(SIZES)}")
+    if lazy:
+        with meta_parameters():
+            return Decoder(replace(SIZES[size], **overrides))
     return Decoder(replace(SIZES[size], **overrides))
 
 
@@ -174,11 +181,25 @@ class Decoder(nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        std = 0.02
         for name, p in self.named_parameters():
             if p.dim() == 2:
-                s = std / math.sqrt(2 * self.cfg.layers) if name.endswith(("wo.weight", "w2.weight")) else std
-                nn.init.normal_(p, 0.0, s)
+                nn.init.normal_(p, 0.0, self._std(name))
+
+    def _std(self, name: str) -> float:
+        """0.02; the residual branches' output projections scaled by 1/sqrt(2 layers)."""
+        if name.endswith(("wo.weight", "w2.weight")):
+            return 0.02 / math.sqrt(2 * self.cfg.layers)
+        return 0.02
+
+    def init_param(self, name: str, t: torch.Tensor, generator: torch.Generator) -> None:
+        """t (rows of parameter `name`, or all of a 1-D one) <- initial values, in place,
+        each element on its own: a 2-D weight's from normal(0, std) as reset_parameters
+        draws it, a norm's weight ones. The engine calls it for a model built with
+        lazy=True (stream/materialize.py), on several row blocks at once."""
+        if t.dim() == 2:
+            t.normal_(0.0, self._std(name), generator=generator)
+        else:
+            t.fill_(1.0)
 
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None):
         B, T = input_ids.shape

@@ -26,6 +26,7 @@ from ..errors import OutcoreError
 from ..stream.checkpoint import FORMAT as SINGLE_FORMAT
 from ..stream.checkpoint import atomic_dir
 from ..stream.optimizer import AdamW
+from ..stream.materialize import is_lazy, left_as_is
 
 FORMAT = "outcore-sharded-1"
 
@@ -116,6 +117,8 @@ def load(path, model, **kwargs):
         kwargs["optimizer"] = AdamW(lr=c["lr"], betas=tuple(c["betas"]), eps=c["eps"],
                                     weight_decay=c["weight_decay"])
     kwargs["distributed"] = True
+    if is_lazy(model):
+        kwargs.setdefault("init", left_as_is)   # no initial values: the checkpoint's replace them
     engine = Engine(model, **kwargs)
     if [g["names"] for g in state["groups"]] != [g.names for g in engine.groups]:
         raise OutcoreError(f"{path} was saved from a model with other parameters or blocks: "

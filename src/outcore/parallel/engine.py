@@ -56,7 +56,8 @@ class ShardedEngine(Engine):
 
     # -- construction hooks ----------------------------------------------------------
     def _host_state(self):
-        return ShardedHost(self.groups, self.rank, self.world, pin=self.lanes.cuda)
+        return ShardedHost(self.groups, self.rank, self.world, pin=self.lanes.cuda,
+                           fill=self._fill)
 
     def _device_cache(self):
         return ShardedCache(self.lanes, self.host.padded, self.comm)

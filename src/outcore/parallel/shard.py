@@ -13,6 +13,7 @@ import torch
 
 from ..memory import PinnedPool, pin_
 from ..stream.device import DeviceCache
+from ..stream.materialize import Fill, repoint
 
 
 def padded(numel: int, world: int) -> int:
@@ -24,10 +25,21 @@ def placeholder(p: torch.Tensor) -> torch.Tensor:
     return torch.zeros((), dtype=p.dtype).expand(p.shape)
 
 
+def _values(p: torch.Tensor, name: str, fill: Fill | None) -> torch.Tensor:
+    """p's values, flat: its own, or made by fill (a temporary of p's size)."""
+    if fill is None:
+        return p.detach().reshape(-1)
+    t = torch.empty(p.shape, dtype=torch.float32)
+    fill(name, t)
+    return t.reshape(-1)
+
+
 class ShardedHost:
     """master[g]: P_g / N fp32 (this rank's slice, pinned on CUDA); see module docstring."""
 
-    def __init__(self, groups, rank: int, world: int, pin: bool):
+    def __init__(self, groups, rank: int, world: int, pin: bool, fill: Fill | None = None):
+        """fill: given for a model built on the meta device (stream/materialize.py): each
+        parameter this rank keeps a slice of is made real alone, sliced, and dropped."""
         self.groups, self.rank, self.world, self.pin = groups, rank, world, pin
         self.padded = [padded(g.numel, world) for g in groups]
         self.master: list[torch.Tensor] = []
@@ -35,11 +47,11 @@ class ShardedHost:
             s = P // world
             lo, hi = rank * s, rank * s + s
             shard = torch.zeros(s, dtype=torch.float32)
-            for p, off in zip(g.params, g.offsets):
+            for name, p, off in zip(g.names, g.params, g.offsets):
                 a, b = max(off, lo), min(off + p.numel(), hi)
                 if a < b:
-                    shard[a - lo:b - lo].copy_(p.detach().reshape(-1)[a - off:b - off])
-                p.data = placeholder(p)  # frees the full copy: only the shard stays
+                    shard[a - lo:b - lo].copy_(_values(p, name, fill)[a - off:b - off])
+                repoint(p, placeholder(p))  # frees the full copy: only the shard stays
             self.master.append(pin_(shard) if pin and s else shard)
         self.grad_pool = PinnedPool(pin=pin)
         self.copy = [None] * len(groups)   # no 16-bit copies of shards (Engine checks)

@@ -21,6 +21,7 @@ from safetensors.torch import load_file, save_file
 
 from ..errors import OutcoreError
 from .optimizer import AdamW
+from .materialize import is_lazy, left_as_is
 
 FORMAT = "outcore-engine-1"
 
@@ -82,6 +83,8 @@ def load(cls, path, model, **kwargs):
         cfg = state["optimizer"]
         kwargs["optimizer"] = AdamW(lr=cfg["lr"], betas=tuple(cfg["betas"]), eps=cfg["eps"],
                                     weight_decay=cfg["weight_decay"])
+    if is_lazy(model):
+        kwargs.setdefault("init", left_as_is)   # no initial values: the checkpoint's replace them
     engine = cls(model, **kwargs)
     saved = [g["names"] for g in state["groups"]]
     if saved != [g.names for g in engine.groups]:

@@ -38,6 +38,7 @@ from .accounting import StepAccounting
 from .flow import StepFlow
 from .keep import KeptWeights
 from .keep import check_option as check_keep
+from .materialize import lazy_fill
 from .ring import Ring
 from .optimizer import AdamW, GroupOptimizers
 from .runner import BlockRunner
@@ -63,7 +64,7 @@ class Engine(StepFlow, StepAccounting):
                  held_gpu_updates: int | str | None = 0,
                  host_weight_copy: bool | str = False,
                  keep_weights: bool = True,
-                 verbose: bool = False):
+                 init=None, verbose: bool = False):
         self.device = resolve_device(device)
         if compute_dtype is None:
             compute_dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
@@ -85,7 +86,10 @@ class Engine(StepFlow, StepAccounting):
         # step). It costs the overlap of the CPU updates with backward.
         self.hold_updates = max_grad_norm is not None or bool(skip_nonfinite)
         self.optimizer_config = optimizer or AdamW()
-        self._model = model.to("cpu").float()
+        # A model built on the meta device is made real group by group, straight into the
+        # host state (materialize.py): no whole fp32 model is ever allocated.
+        self._fill = lazy_fill(model, init)
+        self._model = model.float() if self._fill else model.to("cpu").float()
         self.blocks_path, container = find_blocks(model, blocks)
         self.groups = build_groups(model, self.blocks_path, container)
         from .plan import check_fits, describe
@@ -186,7 +190,7 @@ class Engine(StepFlow, StepAccounting):
 
     def _host_state(self):
         from .storage import HostState
-        return HostState(self.groups, pin=self.lanes.cuda)
+        return HostState(self.groups, pin=self.lanes.cuda, fill=self._fill)
 
     def _device_cache(self) -> DeviceCache:
         return DeviceCache(self.lanes, [g.numel for g in self.groups])

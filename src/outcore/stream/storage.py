@@ -19,24 +19,30 @@ import torch
 
 from ..memory import PinnedPool, pin_
 from .blocks import Group
+from .materialize import Fill, repoint
 
 
 class HostState:
     """Flat per-group fp32 masters; see the module docstring for the layout."""
 
-    def __init__(self, groups: list[Group], pin: bool):
+    def __init__(self, groups: list[Group], pin: bool, fill: Fill | None = None):
+        """fill: given for a model built on the meta device (materialize.py): each
+        parameter's initial values are written straight into its view."""
         self.groups = groups
         self.pin = pin
         self.master: list[torch.Tensor] = []
         for g in groups:
             flat = torch.empty(g.numel, dtype=torch.float32)
             flat = pin_(flat) if pin else flat  # before the views: pin_ may copy
-            for p, off in zip(g.params, g.offsets):
-                view = flat[off:off + p.numel()].view_as(p)
-                view.copy_(p.detach())
+            for name, p, off in zip(g.names, g.params, g.offsets):
+                view = flat[off:off + p.numel()].view(p.shape)
+                if fill is not None:
+                    fill(name, view)
+                else:
+                    view.copy_(p.detach())
                 # Re-point the Parameter at the flat buffer: the old storage is freed, so
                 # the host never holds two fp32 copies of the weights.
-                p.data = view
+                repoint(p, view)
             self.master.append(flat)
         self.grad_pool = PinnedPool(pin=pin)
         self.copy: list[torch.Tensor | None] = [None] * len(groups)
