@@ -26,13 +26,24 @@ def merge(docs: list[dict]) -> dict:
     if len(kinds) != 1:
         raise SystemExit(f"inputs come from different benchmarks or machines: {sorted(kinds)}")
     out = None
+    summaries: list[dict | None] = []
     for d in docs:
         rows = d.pop("runs")
         if d.get("parts"):
             raise SystemExit("an input is already in parts: merge single-command files")
+        summaries.append(d.get("summary"))
         out = dict(d, runs=[]) if out is None else common.join_parts(out, d)
         part = len(out.get("parts", [None])) - 1
         out["runs"] += [dict(r, part=part) for r in rows]
+    if any(summaries):
+        # Each part's summary figures came from its own rows (one command); the top level
+        # takes every figure some part measured, the newest where two did.
+        for p, sm in zip(out["parts"], summaries):
+            p["summary"] = sm
+        top: dict = {}
+        for sm in summaries:
+            top.update({k: v for k, v in (sm or {}).items() if v is not None})
+        out["summary"] = top
     out["merged_by"] = " ".join(["python3"] + sys.argv)
     return out
 
