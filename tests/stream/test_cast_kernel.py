@@ -86,3 +86,56 @@ def test_without_a_kernel_fused_falls_back_to_the_cast_after_adamw(monkeypatch):
     eng.synchronize()
     assert torch.equal(eng.host.copy[1], eng.host.master[1].to(BF16))
     eng.close()
+
+
+def test_a_bf16_gradient_updates_exactly_as_its_fp32_value():
+    mod = cast_kernel.load()
+    gen = torch.Generator().manual_seed(3)
+    n = 70_001
+    grad16 = torch.randn(n, generator=gen).to(BF16)
+    grad16[:3] = torch.tensor([float("inf"), -0.0, 1e-40])   # specials and a subnormal
+    states = []
+    for grad in (grad16, grad16.float()):
+        p = torch.randn(n, generator=torch.Generator().manual_seed(4))
+        m, v, out = torch.zeros(n), torch.zeros(n), torch.empty(n, dtype=BF16)
+        for step in (1, 2):
+            cast_kernel.step_cast(mod, p, grad, m, v, out, lr=1e-3, betas=(0.9, 0.95),
+                                  eps=1e-8, weight_decay=0.1, step=step, scale=0.7)
+        states.append((p, m, v, out))
+    for a, b in zip(*states):
+        assert torch.equal(a.nan_to_num(), b.nan_to_num())
+
+
+def _half_run(half: bool, **kw):
+    torch.manual_seed(0)
+    eng = outcore.Engine(decoder("tiny", layers=4), optimizer=outcore.AdamW(lr=1e-3),
+                         device="cpu", compute_dtype=BF16, host_weight_copy="fused", **kw)
+    if not half:
+        eng.half_grad = lambda g, n: False
+    g = torch.Generator().manual_seed(1)
+    losses = []
+    for _ in range(3):
+        x = torch.randint(0, 256, (4, 32), generator=g)
+        losses.append(eng.train_step({"input_ids": x, "labels": x}))
+    eng.synchronize()
+    out = (losses, [p.detach().clone() for p in eng.model.parameters()],
+           eng.stats.bytes_d2h, eng.stats.cpu_grad_bytes)
+    eng.close()
+    return out
+
+
+@pytest.mark.parametrize("kw", [{}, {"max_grad_norm": 0.1}])
+def test_one_micro_batch_sends_bf16_gradients_and_trains_bit_for_bit_alike(kw):
+    """The gradient of bf16 leaves over one micro-batch is bf16 exactly: sent in bf16 it
+    gives the same weights (clipping's scale included), with fewer bytes out."""
+    (la, pa, da, ga), (lb, pb, db, gb) = _half_run(True, **kw), _half_run(False, **kw)
+    assert la == lb
+    assert all(torch.equal(a, b) for a, b in zip(pa, pb))
+    assert (ga, gb) == (2, 4)
+    blocks = sum(p.numel() for p in decoder("tiny", layers=4).layers.parameters())
+    assert db - da == 3 * 2 * blocks                 # 2 B/param less, every block, 3 steps
+
+
+def test_several_micro_batches_keep_fp32_gradients():
+    *_, grad_bytes = _half_run(True, micro_batch_size=2)
+    assert grad_bytes == 4

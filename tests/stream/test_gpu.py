@@ -152,6 +152,38 @@ def test_host_weight_copy_on_gpu_trains_like_without(compiled):
     assert kept == pytest.approx(plain, rel=2e-2), (plain, kept)
 
 
+def test_bf16_gradients_on_gpu_train_like_fp32_ones():
+    """host_weight_copy="fused", one micro-batch: the CPU-updated blocks' gradients cross
+    in bf16 (flow.half_grad) while the planner's stages move groups to the device; the run
+    follows the same engine sending fp32 gradients, with fewer bytes out."""
+    from outcore.models import decoder
+    runs = []
+    for half in (True, False):
+        torch.manual_seed(0)
+        eng = outcore.Engine(decoder("125m", layers=12, max_seq=256),
+                             optimizer=outcore.AdamW(lr=1e-3), device="cuda",
+                             compute_dtype=torch.bfloat16, gpu_updates=0,
+                             host_weight_copy="fused")
+        assert eng.cast_kernel is not None
+        if not half:
+            eng.half_grad = lambda g, n: False
+        g = torch.Generator().manual_seed(1)
+        x = torch.randint(0, 32000, (8, 256), generator=g)
+        losses = []
+        for step in range(8):
+            eng.updater.enable(list({2: range(0, 4), 4: range(4, 6)}.get(step, ())))
+            losses.append(eng.train_step({"input_ids": x, "labels": x}))
+        eng.synchronize()
+        stale = [k for k in range(1, len(eng.groups)) if not torch.equal(
+            eng.host.copy[k], eng.host.master[k].to(torch.bfloat16))]
+        assert not stale, f"16-bit copies not their masters' cast: groups {stale}"
+        runs.append((losses, eng.stats.bytes_d2h, eng.stats.cpu_grad_bytes))
+        eng.close()
+    (la, da, ga), (lb, db, gb) = runs
+    assert (ga, gb) == (2, 4) and da < db
+    assert la == pytest.approx(lb, rel=1e-3), (la, lb)
+
+
 @pytest.mark.parametrize("copies", [False, True, "device"])
 def test_device_updates_survive_a_d2h_stream_running_behind(monkeypatch, copies):
     """Session 6's host-copy failure, made to happen on purpose: every device-side update

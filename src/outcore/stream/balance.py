@@ -61,14 +61,15 @@ def kept_blocks(n: int, device: set[int], n_slots: int, kept: int) -> set[int]:
 
 
 def traffic(numels: list[int], device: set[int], copy_mode: str | None,
-            n_slots: int, kept: int = 0) -> tuple[int, int, int]:
+            n_slots: int, kept: int = 0, grad_bytes: int = 4) -> tuple[int, int, int]:
     """(h2d bytes, d2h bytes, CPU-updated params) of one step whose `device` groups update
     on the device. numels[0] is rest (resident: reloaded after a CPU update of it);
     blocks 1..n-1 are loaded in forward and again in backward, except cache hits: the
     first n_slots blocks of forward when their update was made in their slot, the last
     n_slots of forward in backward (their fp32 still there, unless forward loaded a copy
     and backward needs fp32), and in forward the device blocks between those two that
-    keep.py keeps on the device (`kept` of them, the first updated: the highest)."""
+    keep.py keeps on the device (`kept` of them, the first updated: the highest).
+    grad_bytes: per param of a CPU-updated block's gradient (2 where flow.half_grad)."""
     n = len(numels)
     h2d = d2h = cpu = 0
     held = kept_blocks(n, device, n_slots, kept)
@@ -87,7 +88,7 @@ def traffic(numels: list[int], device: set[int], copy_mode: str | None,
             h2d += 8 * k                                  # m, v in
             d2h += 12 * k + (2 * k if copy_mode and g else 0)   # master, m, v (and copy) out
         else:
-            d2h += 4 * k                                  # the gradient
+            d2h += (grad_bytes if g else 4) * k           # the gradient
             cpu += k
     return h2d, d2h, cpu
 
@@ -119,12 +120,13 @@ def cpu_lateness(numels, device, step_s: float, rate: float, cap: int | None = N
 
 
 def predict(numels, device, copy_mode, n_slots, rates: Rates,
-            cap: int | None = None, k: float = OVERLAP_K, kept: int = 0) -> float:
+            cap: int | None = None, k: float = OVERLAP_K, kept: int = 0,
+            grad_bytes: int = 4) -> float:
     """The step's predicted seconds: compute and the longest other queue, overlapped as
     `k` says (OVERLAP_K; inf: the larger), plus what the CPU AdamW holds it up
     (cpu_lateness; `cap`: Engine.max_staged_grads). cpu_params_per_s <= 0: the CPU is
-    not counted. kept: device blocks whose forward loads nothing (traffic)."""
-    h2d, d2h, cpu = traffic(numels, device, copy_mode, n_slots, kept)
+    not counted. kept, grad_bytes: as in traffic."""
+    h2d, d2h, cpu = traffic(numels, device, copy_mode, n_slots, kept, grad_bytes)
     rate = rates.cpu_params_per_s
     other = max(h2d / rates.link_bps, d2h / rates.link_bps, cpu / rate if rate > 0 else 0.0)
     c = rates.compute_s
@@ -133,16 +135,19 @@ def predict(numels, device, copy_mode, n_slots, rates: Rates,
 
 
 def choose(numels, order: list[int], current: set[int], copy_mode, n_slots,
-           rates: Rates, cap: int | None = None, kept: int = 0) -> set[int]:
+           rates: Rates, cap: int | None = None, kept: int = 0,
+           grad_bytes: int = 4) -> set[int]:
     """The prefix of `order` with the shortest predicted step (the fewest groups among
     equals); `current` unless that predicts at least 1 - HYSTERESIS shorter."""
     best, best_s = set(), None
     for j in range(len(order) + 1):
         d = set(order[:j])
-        s = predict(numels, d, copy_mode, n_slots, rates, cap, kept=kept)
+        s = predict(numels, d, copy_mode, n_slots, rates, cap, kept=kept,
+                    grad_bytes=grad_bytes)
         if best_s is None or s < best_s * (1 - 1e-9):
             best, best_s = d, s
-    now = predict(numels, current, copy_mode, n_slots, rates, cap, kept=kept)
+    now = predict(numels, current, copy_mode, n_slots, rates, cap, kept=kept,
+                  grad_bytes=grad_bytes)
     return best if best_s < HYSTERESIS * now else set(current)
 
 
@@ -169,7 +174,7 @@ class Balancer:
         order = self.u.candidates()
         kept = e.keep.capacity_blocks() if e.keep.enabled else 0
         want = choose(numels, order, self.u.groups, e.copy_mode, len(e.cache.slots), rates,
-                      cap, kept)
+                      cap, kept, e.stats.cpu_grad_bytes)
         added = self.u.affordable([g for g in order if g in want and g not in self.u.groups])
         back = sorted(self.u.groups - want)
         self.u.enable(added)
@@ -179,7 +184,7 @@ class Balancer:
             self.u.groups.discard(g)
         if added or back:
             s = predict(numels, self.u.groups, e.copy_mode, len(e.cache.slots), rates, cap,
-                        kept=kept)
+                        kept=kept, grad_bytes=e.stats.cpu_grad_bytes)
             self.log.append({"step": e.step_count, "added": added, "back": back,
                              "predicted_s": s, "cpu_params_per_s": self.cpu_rate,
                              "compute_s": compute_s, "kept_capacity": kept})

@@ -45,7 +45,16 @@ static inline uint16_t to_bf16(float f) {
   return (uint16_t)(((u & 0x7fffffffu) > 0x7f800000u) ? nan : rounded);
 }
 
-static void run(float* __restrict__ p, const float* __restrict__ g, float* __restrict__ m,
+static inline float load(const float* g, int64_t i) { return g[i]; }
+static inline float load(const uint16_t* g, int64_t i) {   // bf16: the top half of a float
+  uint32_t u = (uint32_t)g[i] << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+template <typename G>
+static void run(float* __restrict__ p, const G* __restrict__ g, float* __restrict__ m,
                 float* __restrict__ v, uint16_t* __restrict__ out, int64_t n, float scale,
                 float one_minus_b1, float b2, float one_minus_b2, float decay,
                 float bc2_sqrt, float eps, float step_size) {
@@ -54,7 +63,7 @@ static void run(float* __restrict__ p, const float* __restrict__ g, float* __res
     // torch's order of operations where it is known (its lerp and addcmul fuse a
     // multiply-add; -ffp-contract=off keeps every other one rounded on its own): m then
     // equals torch's fused AdamW bit for bit, v and the weights but for a few last bits
-    float gi = g[i] * scale;
+    float gi = load(g, i) * scale;
     float mi = std::fma(one_minus_b1, gi - m[i], m[i]);
     float vi = std::fma(one_minus_b2 * gi, gi, v[i] * b2);
     float pi = p[i] * decay;
@@ -71,22 +80,30 @@ void adamw_cast(torch::Tensor p, torch::Tensor g, torch::Tensor m, torch::Tensor
                 double bc1, double bc2_sqrt, double scale) {
   TORCH_CHECK(p.is_contiguous() && g.is_contiguous() && m.is_contiguous() &&
               v.is_contiguous() && out.is_contiguous(), "adamw_cast: contiguous tensors");
-  TORCH_CHECK(p.scalar_type() == at::kFloat && g.scalar_type() == at::kFloat &&
-              m.scalar_type() == at::kFloat && v.scalar_type() == at::kFloat &&
-              out.scalar_type() == at::kBFloat16, "adamw_cast: fp32 state, bf16 out");
+  TORCH_CHECK(p.scalar_type() == at::kFloat && m.scalar_type() == at::kFloat &&
+              v.scalar_type() == at::kFloat && out.scalar_type() == at::kBFloat16 &&
+              (g.scalar_type() == at::kFloat || g.scalar_type() == at::kBFloat16),
+              "adamw_cast: fp32 state, fp32 or bf16 gradient, bf16 out");
   const int64_t n = p.numel();
   TORCH_CHECK(g.numel() == n && m.numel() == n && v.numel() == n && out.numel() == n,
               "adamw_cast: sizes differ");
   float* P = p.data_ptr<float>();
-  const float* G = g.data_ptr<float>();
+  const bool g16 = g.scalar_type() == at::kBFloat16;
+  const float* G = g16 ? nullptr : g.data_ptr<float>();
+  const uint16_t* G16 = g16 ? reinterpret_cast<const uint16_t*>(g.data_ptr<at::BFloat16>())
+                            : nullptr;
   float* M = m.data_ptr<float>();
   float* V = v.data_ptr<float>();
   uint16_t* O = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
   const float f_scale = scale, omb1 = 1.0 - b1, f_b2 = b2, omb2 = 1.0 - b2;
   const float decay = 1.0 - lr * wd, f_bc2 = bc2_sqrt, f_eps = eps, step = lr / bc1;
   at::parallel_for(0, n, 1 << 16, [&](int64_t s, int64_t e) {
-    run(P + s, G + s, M + s, V + s, O + s, e - s, f_scale, omb1, f_b2, omb2, decay, f_bc2,
-        f_eps, step);
+    if (g16)
+      run(P + s, G16 + s, M + s, V + s, O + s, e - s, f_scale, omb1, f_b2, omb2, decay,
+          f_bc2, f_eps, step);
+    else
+      run(P + s, G + s, M + s, V + s, O + s, e - s, f_scale, omb1, f_b2, omb2, decay, f_bc2,
+          f_eps, step);
   });
 }
 """
@@ -118,7 +135,8 @@ def step_cast(mod, p: torch.Tensor, grad: torch.Tensor, m: torch.Tensor, v: torc
               out: torch.Tensor, *, lr: float, betas: tuple[float, float], eps: float,
               weight_decay: float, step: int, scale: float = 1.0) -> None:
     """AdamW step number `step` (1-based) of p with `grad` times `scale`, m and v in place,
-    and out = p cast to bf16; every tensor flat, contiguous, on the CPU."""
+    and out = p cast to bf16; every tensor flat, contiguous, on the CPU. grad: fp32, or
+    bf16 (read as the fp32 of the same value: 2 B/param less to read)."""
     b1, b2 = betas
     mod.adamw_cast(p, grad, m, v, out, float(lr), float(b1), float(b2), float(eps),
                    float(weight_decay), 1.0 - b1 ** step, math.sqrt(1.0 - b2 ** step),

@@ -118,14 +118,25 @@ class StepFlow:
         if 0 in self.updater.groups and g == self.updater.rest_lead():
             self.updater.prefetch(0)   # early: see DeviceUpdater.rest_lead
 
+    def half_grad(self, g: int, n_micro: int) -> bool:
+        """Does block g's gradient cross to the host in bf16? Only where that loses nothing
+        and saves work: one micro-batch (the gradient of bf16 leaves is bf16, exactly; a
+        sum over several is not), a CPU update by the one-pass kernel (which reads bf16
+        gradients: 2 B/param less to read), not a device update (fp32 in place)."""
+        return (n_micro == 1 and self.compute_dtype == torch.bfloat16
+                and self.cast_kernel is not None and self.copy_mode == "all"
+                and g not in self.updater.groups)
+
     def grad_ready(self, g: int, grad: torch.Tensor, w32: torch.Tensor | None = None,
                    ring_i: int | None = None) -> None:
-        """Group g's gradient (fp32, flat, on the device) is final for this step.
+        """Group g's gradient (flat, on the device; fp32, or bf16 where half_grad) is final
+        for this step.
 
         w32: the fp32 weights of g on the device (its slot; `rest`'s buffer for g=0).
         ring_i: the grad_ring buffer holding `grad` (None: an ordinary allocation).
         """
-        sq = torch.linalg.vector_norm(grad).square().reshape(1)  # no gradient-sized temporary
+        # no gradient-sized temporary; fp32 accumulation also for a bf16 gradient
+        sq = torch.linalg.vector_norm(grad, dtype=torch.float32).square().reshape(1)
         self._sq.append(sq)
         if g in self.updater.groups:
             done = self.updater.update(g, w32, grad, sq, keep_grad=ring_i is not None)
@@ -145,7 +156,7 @@ class StepFlow:
             t = time.perf_counter()
             self.schedule.wait_below(self.max_staged_grads)
             self.stats.optimizer_wait_s += time.perf_counter() - t
-        hbuf = self.host.grad_pool.get(grad.numel(), torch.float32)
+        hbuf = self.host.grad_pool.get(grad.numel(), grad.dtype)
         hsq = self.host.grad_pool.get(1, torch.float32)
         with self.lanes.on(self.lanes.d2h):
             # Stream wait: the gradient is produced on the compute stream.
@@ -161,7 +172,7 @@ class StepFlow:
         elif self.lanes.cuda:
             # Buffer reuse: grad's memory may be recycled only after the d2h copy read it.
             grad.record_stream(self.lanes.d2h)
-        self.stats.bytes_d2h += grad.numel() * 4
+        self.stats.bytes_d2h += grad.numel() * grad.element_size()
         self.cache.invalidate(g)
         if not self.deferred.hold(g, (hbuf, hsq, done)):   # else: updated by its next load
             self.schedule.submit(g, (hbuf, hsq, done))

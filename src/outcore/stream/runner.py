@@ -166,9 +166,16 @@ class BlockRunner:
         gs = split_like(grad_out, B, n, size)
         xs = split_like(extra, B, n, size)
         ring_i, grad_w = e.grad_ring.take()
+        if g not in e.updater.groups:
+            e.stats.cpu_grad_bytes = 2 if e.half_grad(g, n) else 4   # for the planner
+        if e.half_grad(g, n):
+            # Buffer reuse: one micro-batch's gradient is bf16 already (the leaves are), so
+            # the fp32 ring buffer's first half holds it as bf16 exactly, and half the bytes
+            # cross to the host (flow.half_grad).
+            grad_w = grad_w.view(torch.bfloat16)
         grad_w = grad_w[: w.numel()]
         grp = e.groups[g]
-        # each parameter's slice of the fp32 gradient buffer, in the block's layout
+        # each parameter's slice of the gradient buffer, in the block's layout
         dst = [grad_w[o:o + p.numel()] for o, p in zip(grp.offsets, grp.params)]
         if grad_w.numel() > grp.numel:
             # padding past the last parameter (ranks' equal shards): the reused ring buffer

@@ -30,6 +30,8 @@ class StepStats:
     bytes_d2h: int = 0
     max_blocks_in_flight: int = 0
     kept_blocks: int = 0            # last step's forward loads saved by kept weights (keep.py)
+    cpu_grad_bytes: int = 4         # per param of the last CPU-updated block's gradient
+                                    # out: 2 where it crossed in bf16 (flow.half_grad)
     peak_device_bytes: int = 0      # allocated by tensors, over the whole run
     peak_reserved_bytes: int = 0    # held by the caching allocator (what the budget caps)
     skipped_steps: int = 0
