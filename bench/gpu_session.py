@@ -41,8 +41,8 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
     # nvidia-h200: the H200 host's CPU AdamW with and without the bf16 copy (one pass:
     # stream/cast_kernel.py), then outcore alone at 3b-16k with the copies written in the
     # AdamW's pass against the default
-    "copy-ab": [(150, PY + [B + "adamw_cast.py"]),
-                (420, PY + [B + "stream_ab.py", "--variants", "balance,fused-copy",
+    # (adamw_cast.py ran in session 10's gemm step: adamw-cast-h200.json)
+    "copy-ab": [(560, PY + [B + "stream_ab.py", "--variants", "balance,fused-copy",
                             "--tag", "copy"])],
     # nvidia-h200: the run of record (its GPU tests first) at 3b-16k and 1b-16k
     "stream-record": [(570, PY + [B + "stream.py", "--cases", "3b-16k,1b-16k", "--compiled",
