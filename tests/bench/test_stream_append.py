@@ -61,6 +61,18 @@ def test_merge_parts_joins_single_command_files():
         merge([dict(a, runs=[]), dict(b, machine="nvidia-h200x2", runs=[])])
 
 
+def test_merge_parts_keeps_each_parts_summary_and_joins_their_figures():
+    merge = load_stream_bench("merge_parts").merge
+    head = {"benchmark": "parallel", "machine": "nvidia-h200x2", "torch": "2.11"}
+    docs = [dict(head, command=c, commit=c, date=c, runs=[{"case": c}],
+                 summary={"scaling": s, "largest": l, "targets": {"scaling": 1.9}})
+            for c, s, l in (("a", 2.07, None), ("b", None, 0.92), ("c", 2.01, None))]
+    doc = merge(docs)
+    assert [p["summary"]["scaling"] for p in doc["parts"]] == [2.07, None, 2.01]
+    # every figure some part measured; the newest where two did; no None over a figure
+    assert doc["summary"] == {"scaling": 2.01, "largest": 0.92, "targets": {"scaling": 1.9}}
+
+
 def test_merge_parts_takes_the_last_part_of_an_appended_file(tmp_path):
     mp = load_stream_bench("merge_parts")
     head = {"benchmark": "stream", "machine": "nvidia-h200", "torch": "2.11", "gpus": ["H200"],
