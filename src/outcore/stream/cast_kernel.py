@@ -97,6 +97,11 @@ void adamw_cast(torch::Tensor p, torch::Tensor g, torch::Tensor m, torch::Tensor
   uint16_t* O = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
   const float f_scale = scale, omb1 = 1.0 - b1, f_b2 = b2, omb2 = 1.0 - b2;
   const float decay = 1.0 - lr * wd, f_bc2 = bc2_sqrt, f_eps = eps, step = lr / bc1;
+  // The GIL is let go for the pass, as torch's own ops do: it runs on the CPU worker
+  // thread, and holding the GIL for it (~25 ms a 3B block) kept the main thread from
+  // launching the backward's kernels (session 10 on the H200: backward 0.89 s against
+  // 0.70 s). Nothing below touches a Python object.
+  pybind11::gil_scoped_release no_gil;
   at::parallel_for(0, n, 1 << 16, [&](int64_t s, int64_t e) {
     if (g16)
       run(P + s, G16 + s, M + s, V + s, O + s, e - s, f_scale, omb1, f_b2, omb2, decay,
