@@ -44,6 +44,15 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
     # (adamw_cast.py ran in session 10's gemm step: adamw-cast-h200.json)
     "copy-ab": [(560, PY + [B + "stream_ab.py", "--variants", "balance,fused-copy",
                             "--tag", "copy"])],
+    # nvidia-h200: 3b-16k with every system (the GPU tests first), then outcore alone with
+    # host_weight_copy="fused" (its kernel lets go of the GIL since session 10's copy-ab)
+    # appended to the same file: both outcore variants against the same PyTorch run
+    "copy-record": [(440, PY + [B + "stream.py", "--cases", "3b-16k", "--compiled",
+                                "--largest", "0", "--timeout", "150", "--out",
+                                "stream-h200-s10"]),
+                    (130, PY + [B + "stream.py", "--cases", "3b-16k", "--systems", "outcore",
+                                "--compiled", "--largest", "0", "--fused-copy",
+                                "--skip-tests", "--append", "--out", "stream-h200-s10"])],
     # nvidia-h200: the run of record (its GPU tests first) at 3b-16k and 1b-16k
     "stream-record": [(570, PY + [B + "stream.py", "--cases", "3b-16k,1b-16k", "--compiled",
                                   "--largest", "0", "--timeout", "200"])],
