@@ -47,7 +47,7 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
     # nvidia-h200: 3b-16k with every system (the GPU tests first), then outcore alone with
     # host_weight_copy="fused" (its kernel lets go of the GIL since session 10's copy-ab)
     # appended to the same file: both outcore variants against the same PyTorch run
-    "copy-record": [(440, PY + [B + "stream.py", "--cases", "3b-16k", "--compiled",
+    "copy-record": [(460, PY + [B + "stream.py", "--cases", "3b-16k", "--compiled",
                                 "--largest", "0", "--timeout", "150", "--out",
                                 "stream-h200-s10"]),
                     (130, PY + [B + "stream.py", "--cases", "3b-16k", "--systems", "outcore",
