@@ -46,6 +46,17 @@ def test_one_pass_equals_torch_adamw_and_its_cast():
     assert torch.equal(out6[1:], special[1:].to(BF16)) and torch.isnan(out6[0])
 
 
+def three_steps(eng) -> list[float]:
+    """Three steps of the same random batches (4 x 32 tokens); the engine synchronized."""
+    g = torch.Generator().manual_seed(1)
+    losses = []
+    for _ in range(3):
+        x = torch.randint(0, 256, (4, 32), generator=g)
+        losses.append(eng.train_step({"input_ids": x, "labels": x}))
+    eng.synchronize()
+    return losses
+
+
 def test_fused_copies_train_like_the_copies_made_after_adamw():
     torch.manual_seed(0)
     model = decoder("tiny", layers=6)
@@ -54,12 +65,7 @@ def test_fused_copies_train_like_the_copies_made_after_adamw():
         eng = outcore.Engine(copy.deepcopy(model), optimizer=outcore.AdamW(lr=1e-3),
                              device="cpu", compute_dtype=BF16, host_weight_copy=mode)
         assert (eng.cast_kernel is not None) == (mode == "fused")
-        g = torch.Generator().manual_seed(1)
-        losses = []
-        for _ in range(3):
-            x = torch.randint(0, 256, (4, 32), generator=g)
-            losses.append(eng.train_step({"input_ids": x, "labels": x}))
-        eng.synchronize()
+        losses = three_steps(eng)
         for k in range(1, len(eng.groups)):       # every copy is its master's cast
             assert torch.equal(eng.host.copy[k], eng.host.master[k].to(BF16)), k
         runs.append((losses, [p.detach().clone() for p in eng.model.parameters()]))
@@ -112,12 +118,7 @@ def _half_run(half: bool, **kw):
                          device="cpu", compute_dtype=BF16, host_weight_copy="fused", **kw)
     if not half:
         eng.half_grad = lambda g, n: False
-    g = torch.Generator().manual_seed(1)
-    losses = []
-    for _ in range(3):
-        x = torch.randint(0, 256, (4, 32), generator=g)
-        losses.append(eng.train_step({"input_ids": x, "labels": x}))
-    eng.synchronize()
+    losses = three_steps(eng)
     out = (losses, [p.detach().clone() for p in eng.model.parameters()],
            eng.stats.bytes_d2h, eng.stats.cpu_grad_bytes)
     eng.close()
