@@ -51,7 +51,9 @@ def rows() -> list[dict]:
         for r in doc.get("runs", []):
             if (r.get("system") != "outcore" or r.get("case") not in CASES
                     or "compute_s" not in r or not r.get("device_updated_groups")
-                    or doc.get("host_weight_copy") or r.get("held_gpu_updates") not in
+                    or doc.get("host_weight_copy") or doc.get("fused_copy")
+                    or r.get("host_weight_copy") not in (None, "False")
+                    or r.get("held_gpu_updates") not in
                     (None, "0", 0)):
                 continue
             key = (r["case"], round(r["step_s"], 4))

@@ -53,6 +53,11 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
                     (130, PY + [B + "stream.py", "--cases", "3b-16k", "--systems", "outcore",
                                 "--compiled", "--largest", "0", "--fused-copy",
                                 "--skip-tests", "--append", "--out", "stream-h200-s10"])],
+    # nvidia-h200: the GPU tests and outcore alone at 3b-16k with the default since
+    # session 10 (host_weight_copy="auto": the fused copies where the host has room)
+    "auto-check": [(330, PY + [B + "stream.py", "--cases", "3b-16k", "--systems", "outcore",
+                               "--compiled", "--largest", "0", "--timeout", "150", "--out",
+                               "stream-h200-s10-auto"])],
     # nvidia-h200: the run of record (its GPU tests first) at 3b-16k and 1b-16k
     "stream-record": [(570, PY + [B + "stream.py", "--cases", "3b-16k,1b-16k", "--compiled",
                                   "--largest", "0", "--timeout", "200"])],

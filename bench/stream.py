@@ -52,7 +52,7 @@ def make_model(size: str, layers: int | None = None, fused_norm: bool = False,
 
 MODEL_SWITCHES = ("fused_norm", "compiled")   # the same model for every system
 OUTCORE_SWITCHES = ("full_recompute", "tune_updates", "host_weight_copy", "device_weight_copy",
-                    "settle_compiles", "no_keep_weights", "fused_copy")
+                    "settle_compiles", "no_keep_weights", "fused_copy", "no_host_weight_copy")
 
 
 def switches(args, names) -> list[str]:
@@ -152,15 +152,21 @@ def run_outcore(args) -> dict:
             "update_tuning": eng.updater.tuner.log if eng.updater.tuner else None,
             "balance_log": eng.updater.balancer.log if eng.updater.balancer else None,
             "kept_blocks": eng.stats.kept_blocks,   # forward loads kept weights saved
+            # the engine's copies as it resolved them ("auto": "fused" or False)
+            "host_weight_copy": str(eng.host_weight_copy),
             "deferred_blocks": sorted(eng.deferred.groups),
             "deferred_params": sum(eng.groups[g].numel for g in eng.deferred.groups)}
 
 
 def _copy_mode(args):
-    """Engine(host_weight_copy=...) from the three switches."""
+    """Engine(host_weight_copy=...) from the four switches; none: the default, "auto"."""
+    if args.no_host_weight_copy:
+        return False
     if args.device_weight_copy:
         return "device"
-    return "fused" if args.fused_copy else args.host_weight_copy
+    if args.fused_copy:
+        return "fused"
+    return True if args.host_weight_copy else "auto"
 
 
 def _updates_arg(v: str) -> str:
@@ -352,6 +358,9 @@ def main() -> None:
     ap.add_argument("--device-weight-copy", action="store_true", help="as --host-weight-copy "
                     "for the device-updated blocks only (Engine(host_weight_copy='device')): "
                     "the CPU AdamW casts nothing, CPU-updated blocks load fp32")
+    ap.add_argument("--no-host-weight-copy", action="store_true", help="outcore keeps no "
+                    "16-bit copies (Engine(host_weight_copy=False); the default is 'auto': "
+                    "fused copies where the host has room)")
     ap.add_argument("--fused-copy", action="store_true", help="as --host-weight-copy, the "
                     "CPU AdamW writing the copy in its own pass (Engine(host_weight_copy="
                     "'fused'): stream/cast_kernel.py, a C++ kernel built on first use)")

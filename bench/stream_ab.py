@@ -58,6 +58,7 @@ VARIANTS = {  # name: bench/stream.py flags (session 5's NOTES, "Next GPU sessio
     # the CPU AdamW 12% slower, against 0.91 s for the default and 0.89 s with the cast
     # after the AdamW (26% slower, as in session 8)
     "fused-copy": ["--fused-copy"],
+    "no-copy": ["--no-host-weight-copy"],   # the default before session 10 ("auto" since)
 }
 
 

@@ -46,9 +46,11 @@ def _train_parser(sub) -> None:
     p.add_argument("--compile-kernels", action="store_true", default=None,
                    help="reference sizes: the blocks' elementwise parts as torch.compile'd "
                    "kernels (faster on a GPU; a compile of a few seconds to a minute first)")
-    p.add_argument("--host-weight-copy", action="store_true", default=None,
-                   help="keep 16-bit copies of the blocks' weights on the host and load them "
-                   "where fp32 is not needed (bf16 compute; +2 B/param of host memory)")
+    p.add_argument("--host-weight-copy", choices=["auto", "fused", "cast", "device", "off"],
+                   help="16-bit copies of the blocks' weights on the host, loaded where fp32 "
+                   "is not needed (bf16 compute; +2 B/param of host memory): auto (default: "
+                   "fused on a GPU with host room to spare, else off), fused (written in the "
+                   "AdamW pass), cast (after it), device (device-updated blocks only), off")
     p.add_argument("--no-keep-weights", dest="keep_weights", action="store_false",
                    default=None, help="do not keep the device-updated blocks' weights on the "
                    "GPU for the next forward (kept by default: they share the checkpoints' room)")

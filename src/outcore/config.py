@@ -44,7 +44,7 @@ class TrainConfig:
     gpu_memory: str | None = None
     compute_dtype: str = "auto"       # auto | float32 | bfloat16 | tf32
     compile_kernels: bool = False     # reference sizes: DecoderConfig(compiled=True)
-    host_weight_copy: bool = False    # Engine(host_weight_copy=True): 16-bit compute only
+    host_weight_copy: str = "auto"    # auto | fused | cast | device | off: Engine(host_weight_copy)
     keep_weights: bool = True         # Engine(keep_weights=...): device-updated blocks' weights
     seed: int = 0
     max_data_bytes: int = 3_000_000   # of the built-in corpus
@@ -64,10 +64,19 @@ class TrainConfig:
             raise OutcoreError(f"lr={self.lr} must be > 0")
         if self.max_grad_norm is not None and self.max_grad_norm <= 0:
             self.max_grad_norm = None  # --max-grad-norm 0: no clipping
+        if isinstance(self.host_weight_copy, bool):   # TrainConfig(...) built in code
+            self.host_weight_copy = "cast" if self.host_weight_copy else "off"
+        if self.host_weight_copy not in COPY_MODES:
+            raise OutcoreError(f"host_weight_copy={self.host_weight_copy!r}: use "
+                               f"{', '.join(COPY_MODES)}")
         if self.compute_dtype not in ("auto", "float32", "bfloat16", "tf32"):
             raise OutcoreError(f"compute_dtype={self.compute_dtype!r}: use auto, float32, "
                                "bfloat16 or tf32")
         return self
+
+
+# --host-weight-copy's values: Engine(host_weight_copy=...)'s, by name
+COPY_MODES = {"auto": "auto", "fused": "fused", "cast": True, "device": "device", "off": False}
 
 
 def config_keys() -> list[str]:

@@ -20,7 +20,7 @@ import torch
 from tqdm.auto import tqdm
 
 from . import runckpt
-from .config import TrainConfig
+from .config import COPY_MODES, TrainConfig
 from .data import (ByteTokenizer, PackedTokens, read_documents, stdlib_corpus,
                    tokenize_documents)
 from .errors import OutcoreError
@@ -71,7 +71,8 @@ def check_plan(cfg: TrainConfig, device: str):
                      micro_tokens=(cfg.micro_batch_size or cfg.batch_size) * cfg.seq_len,
                      gpu_limit=gpu, host_limit=host_available(), clip=True,
                      compute_itemsize=itemsize,
-                     host_copy=cfg.host_weight_copy and itemsize == 2)
+                     # "auto" takes copies only where the host has room to spare
+                     host_copy=cfg.host_weight_copy not in ("auto", "off") and itemsize == 2)
     why = plan.refusal()
     if why:
         raise OutcoreError(f"refusing to start: {why}")
@@ -182,6 +183,7 @@ def run(cfg: TrainConfig, loss_fn=None, return_model: bool = False) -> dict:
     loss_fn: passed to engine.train_step (tests inject non-finite losses through it).
     return_model: add the trained model (fp32 masters) under "model".
     """
+    cfg.validate()   # also when built in code, not by config.build
     torch.manual_seed(cfg.seed)
     out_dir = Path(cfg.output_dir)
     device = _device(cfg)
@@ -194,7 +196,8 @@ def run(cfg: TrainConfig, loss_fn=None, return_model: bool = False) -> dict:
     micro = cfg.micro_batch_size or (cfg.batch_size if cfg.grad_accum > 1 else None)
     kw = dict(device=device, compute_dtype=_dtype(cfg, device), micro_batch_size=micro,
               max_grad_norm=cfg.max_grad_norm, gpu_memory=cfg.gpu_memory,
-              skip_nonfinite=cfg.skip_nonfinite, host_weight_copy=cfg.host_weight_copy,
+              skip_nonfinite=cfg.skip_nonfinite,
+              host_weight_copy=COPY_MODES[cfg.host_weight_copy],
               keep_weights=cfg.keep_weights, verbose=True)
     engine = _resume(cfg, out_dir, model, data, global_batch, kw) if cfg.resume else None
     if engine is None:

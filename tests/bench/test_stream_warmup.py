@@ -18,6 +18,7 @@ class FakeEngine:
 
     def __init__(self, model, **kw):
         self.n = 0
+        self.host_weight_copy = kw.get("host_weight_copy")
         self.runner = SimpleNamespace(tail=SimpleNamespace(enabled=True, skipping=lambda: []))
         tuner = SimpleNamespace(busy=lambda: self.n < self.tuning_until, log=[]) \
             if self.tuning_until else None
@@ -64,7 +65,7 @@ def test_warmup_waits_for_the_planner(monkeypatch, moves_after, tuning_until, wa
                               profile=False, host_weight_copy=False, device_weight_copy=False,
                               tune_trials=4,
                               settle_compiles=False, gpu_updates="balance", no_keep_weights=False,
-                              fused_copy=False)
+                              fused_copy=False, no_host_weight_copy=False)
     r = bench.run_outcore(args)
     assert r["warmup_steps"] == warmup_steps and r["plan_settled"] is settled
     assert len(r["losses"]) == warmup_steps + 5

@@ -112,3 +112,24 @@ def test_no_keep_weights_flag_and_key(tmp_path):
     f.write_text("[train]\nkeep_weights = 'no'\n")
     with pytest.raises(OutcoreError, match="keep_weights"):
         build(load_toml(f), {})
+
+
+def test_host_weight_copy_flag_and_key(tmp_path):
+    from outcore.cli import build_parser
+    from outcore.config import COPY_MODES
+    assert build({}, {}).host_weight_copy == "auto"
+    args = build_parser().parse_args(["train", "--host-weight-copy", "off"])
+    flags = {k: v for k, v in vars(args).items() if k not in ("func", "config", "command",
+                                                                "nproc")}
+    assert COPY_MODES[build({}, flags).host_weight_copy] is False
+    f = tmp_path / "c.toml"
+    f.write_text("[train]\nhost_weight_copy = 'cast'\n")
+    assert COPY_MODES[build(load_toml(f), {}).host_weight_copy] is True
+    f.write_text("[train]\nhost_weight_copy = true\n")
+    with pytest.raises(OutcoreError, match="'host_weight_copy' must be a string"):
+        build(load_toml(f), {})
+    f.write_text("[train]\nhost_weight_copy = 'always'\n")
+    with pytest.raises(OutcoreError, match="host_weight_copy='always': use auto, fused"):
+        build(load_toml(f), {})
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["train", "--host-weight-copy", "yes"])

@@ -41,7 +41,8 @@ class ShardedEngine(Engine):
         kwargs.pop("distributed", None)
         kwargs["gpu_updates"] = 0
         kwargs["held_gpu_updates"] = 0   # like gpu_updates: off when the ranks shard updates
-        if kwargs.get("host_weight_copy"):
+        kwargs["host_weight_copy"] = False   # shards keep no 16-bit copies (shard.py)
+        if kwargs.get("host_weight_copy", "auto") not in ("auto", False, None):
             raise OutcoreError("host_weight_copy=True is for one process: leave it off "
                                "when distributed")
         self.label_shift = label_shift

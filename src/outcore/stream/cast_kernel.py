@@ -117,8 +117,9 @@ _lock = threading.Lock()
 _built: dict = {}   # "mod": the extension or None once tried, "error": why it failed
 
 
-def load():
-    """The built extension (module with `adamw_cast`), or None when it cannot be built."""
+def load(quiet: bool = False):
+    """The built extension (module with `adamw_cast`), or None when it cannot be built
+    (said once in a warning unless `quiet`: host_weight_copy="auto" then keeps no copies)."""
     with _lock:
         if "mod" not in _built:
             try:
@@ -131,8 +132,9 @@ def load():
             except Exception as e:   # no compiler, no ninja, a failed build: cast after
                 _built["mod"] = None
                 _built["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
-                warnings.warn("outcore: the AdamW+cast kernel could not be built "
-                              f"({_built['error']}); the CPU casts after torch's AdamW")
+                if not quiet:
+                    warnings.warn("outcore: the AdamW+cast kernel could not be built "
+                                  f"({_built['error']}); the CPU casts after torch's AdamW")
         return _built["mod"]
 
 

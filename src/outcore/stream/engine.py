@@ -47,7 +47,7 @@ from .peaks import PeakWatch
 from .stash import ActivationStash
 from .stats import ComputeTimer, StepStats
 from .validate import (check_batch, check_copy_option, check_host_room, forward_kwargs,
-                       resolve_device)
+                       resolve_copy_option, resolve_device)
 
 
 STAGED_GRADS = 8   # the default of Engine.max_staged_grads
@@ -62,7 +62,7 @@ class Engine(StepFlow, StepAccounting):
                  blocks: str | None = None, gpu_updates: int | str | None = "balance",
                  skip_nonfinite: bool = False, distributed: bool | None = None,
                  held_gpu_updates: int | str | None = 0,
-                 host_weight_copy: bool | str = False,
+                 host_weight_copy: bool | str = "auto",
                  keep_weights: bool = True,
                  init=None, verbose: bool = False):
         self.device = resolve_device(device)
@@ -99,6 +99,10 @@ class Engine(StepFlow, StepAccounting):
             n = sum(g.numel for g in self.groups)
             print(f"outcore: page-locking {n * 4 / 2**30:.1f} GiB of fp32 master weights "
                   "(about 0.5 s per GiB, once)", flush=True)
+        # "auto": the fused copies where they can run and the host has room, else none
+        host_weight_copy = resolve_copy_option(self, host_weight_copy, held_gpu_updates,
+                                               STAGED_GRADS)
+        self.host_weight_copy = host_weight_copy   # as resolved: no "auto" left
         check_host_room(self.groups, self.hold_updates, bool(host_weight_copy), STAGED_GRADS,
                         shards=getattr(self, "world", 1))   # a ShardedEngine's rank: 1/world
         self.host = self._host_state()

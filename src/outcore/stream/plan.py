@@ -42,6 +42,7 @@ def describe(engine) -> str:
         f"  host:   fp32 master 4 B/param + AdamW m,v 8 B/param"
         f"{' + held gradients 4 B/param' if engine.hold_updates else ''}"
         f"{' + 16-bit copies of the blocks 2 B/param' if copies else ''}"
+        f"{' (written in the AdamW pass)' if copies and engine.cast_kernel else ''}"
         f" = {fmt_bytes(n * (16 if engine.hold_updates else 12) + copies)}",
         f"  device: {engine.device}, compute {str(engine.compute_dtype).replace('torch.', '')}, "
         f"3 block slots + resident = {fmt_bytes(fixed_device_bytes(engine))} fixed"

@@ -102,21 +102,49 @@ def check_copy_option(engine, value, held_gpu_updates) -> str | None:
     return mode
 
 
+# Host bytes per parameter host_weight_copy="auto" leaves free beyond the state and the
+# copies: the pinned pools, CUDA and torch (a process measured 14.8-15.5 B/param against
+# its 12 of state on the H200: bench/stream.py's HOST_BYTES_PER_PARAM).
+AUTO_COPY_MARGIN = 4
+
+
+def resolve_copy_option(engine, value, held_gpu_updates, staged: int):
+    """Engine(host_weight_copy="auto"), the default: "fused" where it measured faster
+    (session 10, H200, 3b-16k: 0.869 s a step against 0.912 s without copies, one run,
+    `stream-h200-s10.json`) and can run: a CUDA device, bf16 compute, one process, no held
+    device updates, host memory for the copies with AUTO_COPY_MARGIN B/param to spare, and
+    the one-pass kernel built (cast_kernel.py); else False (no copies). Any other value is
+    returned as given (check_copy_option checks it)."""
+    if value != "auto":
+        return value
+    if (engine.device.type != "cuda" or engine.compute_dtype != torch.bfloat16
+            or getattr(engine, "world", 1) > 1 or held_gpu_updates not in (None, 0, "off")):
+        return False
+    try:
+        check_host_room(engine.groups, engine.hold_updates, True, staged,
+                        margin=AUTO_COPY_MARGIN)
+    except OutcoreError:
+        return False   # room for the state, not for the copies too: none
+    from .cast_kernel import load
+    return "fused" if load(quiet=True) is not None else False
+
+
 def check_host_room(groups, hold_updates: bool, copies: bool, staged: int,
-                    shards: int = 1) -> None:
+                    shards: int = 1, margin: int = 0) -> None:
     """Refuse, before allocating, when the host cannot hold what the engine adds to the
     model already in its memory: AdamW's m and v (8 B/param), the gradients held for
     clipping (4 B/param) or else up to `staged` blocks' gradients waiting for the CPU
     AdamW, and 16-bit copies of the blocks (2 B/param). A necessary condition only (pinned
     pools and the CUDA runtime come on top): it turns the plain cases of the OOM killer
-    into a one-line error. shards: a rank of a sharded engine holds 1/shards of it."""
+    into a one-line error. shards: a rank of a sharded engine holds 1/shards of it.
+    margin: B/param more to ask for (host_weight_copy="auto"'s spare room)."""
     available = planner.host_available()
     if available is None:
         return
     n = sum(g.numel for g in groups)
     blocks = [g.numel for g in groups[1:]]
     grads = 4 * n if hold_updates else 4 * max(blocks, default=0) * min(staged, len(blocks))
-    need = (8 * n + grads + (2 * sum(blocks) if copies else 0)) // shards
+    need = (8 * n + grads + (2 * sum(blocks) if copies else 0) + margin * n) // shards
     if need > available:
         raise OutcoreError(
             f"the engine needs {fmt_bytes(need)} more host memory for {n / 1e9:.2f}B params "
