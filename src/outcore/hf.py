@@ -60,13 +60,75 @@ def empty_model(path: str):
                            f"({str(e).splitlines()[0]})") from None
 
 
-def load_hf(path: str):
-    """(model, tokenizer) from a local checkpoint directory; fp32 on the CPU, no network."""
-    from safetensors import safe_open
+def _shards(path: str) -> list[Path]:
     shards = shard_files(path)
     if not shards:
         raise OutcoreError(f"--model {path}: no *.safetensors weights: convert the checkpoint "
                            "with model.save_pretrained(dir, safe_serialization=True)")
+    return shards
+
+
+def lazy_hf(path: str):
+    """(model, tokenizer, init) from a local checkpoint directory, no network: the model's
+    parameters stay on the meta device, and Engine(model, init=init) reads each one from
+    the safetensors shards as it fills its host state (stream/materialize.py). So no fp32
+    model is built beside the state, and each rank of a sharded engine reads what it
+    keeps. Every parameter's tensor is found (or the error said) before anything is read."""
+    shards = _shards(path)
+    model = empty_model(path)
+    init = SafetensorsInit(model, shards, path)
+    model.train()
+    return model, load_tokenizer(path), init
+
+
+class SafetensorsInit:
+    """init(name, tensor) for Engine: the checkpoint's tensor of parameter `name`, cast to
+    the tensor's dtype. A tied parameter is found under any of its names; a key may lack
+    the model's base_model_prefix, as in load_hf."""
+
+    def __init__(self, model: nn.Module, shards: list[Path], path: str):
+        from safetensors import safe_open
+        self.path, self._open = path, safe_open
+        where: dict[str, Path] = {}
+        for shard in shards:
+            with safe_open(str(shard), framework="pt") as f:
+                where.update({k: shard for k in f.keys()})
+        aliases: dict[int, list[str]] = {}
+        for n, p in model.named_parameters(remove_duplicate=False):
+            aliases.setdefault(id(p), []).append(n)
+        prefix = getattr(model, "base_model_prefix", "") + "."
+        self.key: dict[str, tuple[str, Path]] = {}
+        missing = []
+        for names in aliases.values():
+            keys = [a for n in names
+                    for a in (n, n[len(prefix):] if n.startswith(prefix) else None) if a]
+            key = next((k for k in keys if k in where), None)
+            if key is None:
+                missing.append(names[0])
+            for n in names:   # the engine names a tied parameter by any one of them
+                if key is not None:
+                    self.key[n] = (key, where[key])
+        if missing:
+            raise OutcoreError(f"--model {path}: the safetensors files lack {len(missing)} "
+                               f"parameters (first: {missing[0]}): is the checkpoint complete?")
+        self._files: dict[Path, object] = {}
+
+    def __call__(self, name: str, t: torch.Tensor) -> None:
+        key, shard = self.key[name]
+        if shard not in self._files:   # kept open: the next parameters are mostly there
+            self._files = {shard: self._open(str(shard), framework="pt")}
+        src = self._files[shard].get_tensor(key)
+        if tuple(src.shape) != tuple(t.shape):
+            raise OutcoreError(f"checkpoint tensor {name} has shape {tuple(src.shape)}, the "
+                               f"config says {tuple(t.shape)}: config.json and weights "
+                               "disagree")
+        t.copy_(src)
+
+
+def load_hf(path: str):
+    """(model, tokenizer) from a local checkpoint directory; fp32 on the CPU, no network."""
+    from safetensors import safe_open
+    shards = _shards(path)
     model = empty_model(path)
     params = dict(model.named_parameters(remove_duplicate=False))
     prefix = getattr(model, "base_model_prefix", "") + "."

@@ -24,7 +24,7 @@ from .config import COPY_MODES, TrainConfig
 from .data import (ByteTokenizer, PackedTokens, read_documents, stdlib_corpus,
                    tokenize_documents)
 from .errors import OutcoreError
-from .hf import is_hf_dir, load_hf
+from .hf import is_hf_dir, lazy_hf
 from .memory import host_peak_rss_bytes
 from .models import SIZES, decoder
 from .stream import AdamW, Engine
@@ -80,14 +80,15 @@ def check_plan(cfg: TrainConfig, device: str):
 
 
 def build_model(cfg: TrainConfig):
-    """(model, tokenizer) for --model: a reference size or a local HF checkpoint dir."""
+    """(model, tokenizer, init) for --model: a reference size or a local HF checkpoint dir,
+    its parameters on the meta device; Engine(model, init=init) fills them (init None: the
+    reference decoder's own init_param)."""
     if cfg.model in SIZES:
         max_seq = max(SIZES[cfg.model].max_seq, cfg.seq_len)
         # lazy: no fp32 model is built beside the engine's host state (on every rank of
         # --nproc N, only its shard; stream/materialize.py)
         return decoder(cfg.model, lazy=True, max_seq=max_seq,
-                       compiled=cfg.compile_kernels), \
-            ByteTokenizer()
+                       compiled=cfg.compile_kernels), ByteTokenizer(), None
     if is_hf_dir(cfg.model):
         if cfg.compile_kernels:
             raise OutcoreError("--compile-kernels applies to the reference sizes only: "
@@ -96,7 +97,7 @@ def build_model(cfg: TrainConfig):
         if load_tokenizer(cfg.model) is None:  # before any weight is read
             raise OutcoreError(f"--model {cfg.model} has no tokenizer files: add them to the "
                                "checkpoint directory")
-        return load_hf(cfg.model)
+        return lazy_hf(cfg.model)
     raise OutcoreError(f"--model {cfg.model!r} is neither a reference size "
                        f"({', '.join(SIZES)}) nor a Hugging Face checkpoint directory")
 
@@ -188,7 +189,7 @@ def run(cfg: TrainConfig, loss_fn=None, return_model: bool = False) -> dict:
     out_dir = Path(cfg.output_dir)
     device = _device(cfg)
     plan = check_plan(cfg, device)
-    model, tok = build_model(cfg)
+    model, tok, init = build_model(cfg)
     hf = is_hf_dir(cfg.model)
     vocab = getattr(getattr(model, "config", None), "vocab_size", None)
     data = build_data(cfg, tok, vocab)
@@ -202,7 +203,7 @@ def run(cfg: TrainConfig, loss_fn=None, return_model: bool = False) -> dict:
     engine = _resume(cfg, out_dir, model, data, global_batch, kw) if cfg.resume else None
     if engine is None:
         opt = AdamW(lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, weight_decay=cfg.weight_decay)
-        engine = Engine(model, optimizer=opt, **kw)
+        engine = Engine(model, optimizer=opt, init=init, **kw)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "config.json").write_text(json.dumps({k: v for k, v in vars(cfg).items()
                                                      if k != "extra"}, default=str, indent=1))

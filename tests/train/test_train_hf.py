@@ -86,7 +86,7 @@ def test_empty_model_allocates_no_parameters(tmp_path):
 def test_compile_kernels_is_for_reference_sizes(tmp_path, capsys):
     """--compile-kernels builds the reference decoder with compiled kernels; with a Hugging
     Face checkpoint (whose code outcore does not own) it is a one-line error."""
-    model, _ = train.build_model(TrainConfig(model="tiny", compile_kernels=True))
+    model, _, _ = train.build_model(TrainConfig(model="tiny", compile_kernels=True))
     assert model.cfg.compiled
     assert not train.build_model(TrainConfig(model="tiny"))[0].cfg.compiled
     src = make_checkpoint("llama", tmp_path / "src")
@@ -96,3 +96,39 @@ def test_compile_kernels_is_for_reference_sizes(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert rc == 2 and "--compile-kernels applies to the reference sizes only" in err
     assert len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize("kind", ["llama", "gpt2"])
+def test_a_lazy_checkpoint_fills_the_engine_as_load_hf_does(tmp_path, kind):
+    """lazy_hf: parameters on the meta device, read from the shards by Engine(init=...):
+    the engine's weights are load_hf's, tied ones stay tied; a missing tensor or a wrong
+    shape is a one-line error."""
+    import outcore
+    from outcore.errors import OutcoreError
+    from outcore.hf import lazy_hf
+    src = make_checkpoint(kind, tmp_path / "src")
+    tf.AutoModelForCausalLM.from_pretrained(str(src)).save_pretrained(
+        str(tmp_path / "sh"), max_shard_size="20KB")
+    want, _ = load_hf(str(tmp_path / "sh"))
+    model, _, init = lazy_hf(str(tmp_path / "sh"))
+    assert all(p.is_meta for p in model.parameters())
+    eng = outcore.Engine(model, device="cpu", init=init)
+    got = dict(eng.model.named_parameters())
+    for n, p in want.named_parameters():
+        assert torch.equal(got[n], p), n
+    if kind == "gpt2":
+        assert eng.model.lm_head.weight is eng.model.transformer.wte.weight
+    eng.close()
+    from safetensors.torch import load_file, save_file
+    shard = sorted((tmp_path / "sh").glob("*.safetensors"))[-1]
+    tensors = load_file(str(shard))
+    key = sorted(tensors)[0]
+    save_file({k: v for k, v in tensors.items() if k != key}, str(shard),
+              metadata={"format": "pt"})
+    with pytest.raises(OutcoreError, match="the safetensors files lack 1 parameters"):
+        lazy_hf(str(tmp_path / "sh"))
+    tensors[key] = torch.zeros(3, 5)
+    save_file(tensors, str(shard), metadata={"format": "pt"})
+    model, _, init = lazy_hf(str(tmp_path / "sh"))
+    with pytest.raises(OutcoreError, match=r"has shape \(3, 5\), the config says"):
+        outcore.Engine(model, device="cpu", init=init)
