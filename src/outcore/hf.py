@@ -1,8 +1,10 @@
 """Hugging Face interop: load a local checkpoint shard by shard, write one back.
 
-Loading never holds two fp32 copies: the model is built with its parameters on the meta
-device (no memory), then each safetensors tensor is read, cast to fp32 and assigned in
-place of its meta parameter, one tensor at a time; peak = the fp32 model + one tensor.
+The model is built with its parameters on the meta device (no memory). `lazy_hf` leaves
+them there and hands the engine an init that reads each safetensors tensor, cast to fp32,
+straight into its host state (`outcore train` does this: no fp32 model beside the state,
+each rank only what it keeps); `load_hf` assigns each in place of its meta parameter, one
+tensor at a time (peak = the fp32 model + one tensor).
 """
 
 from __future__ import annotations
@@ -126,39 +128,22 @@ class SafetensorsInit:
 
 
 def load_hf(path: str):
-    """(model, tokenizer) from a local checkpoint directory; fp32 on the CPU, no network."""
-    from safetensors import safe_open
-    shards = _shards(path)
-    model = empty_model(path)
-    params = dict(model.named_parameters(remove_duplicate=False))
-    prefix = getattr(model, "base_model_prefix", "") + "."
-    for shard in shards:
-        with safe_open(str(shard), framework="pt") as f:
-            for key in f.keys():
-                name = key if key in params else prefix + key if prefix + key in params else None
-                if name is None:
-                    continue  # e.g. a persistent buffer the model recomputes itself
-                t = f.get_tensor(key).to(torch.float32)  # one tensor at a time
-                _assign(model, name, t)
-                params.pop(name)
-    model.tie_weights()
-    missing = [n for n, p in model.named_parameters() if p.device.type == "meta"]
-    if missing:
-        raise OutcoreError(f"--model {path}: the safetensors files lack {len(missing)} "
-                           f"parameters (first: {missing[0]}): is the checkpoint complete?")
-    model.train()
-    tok = load_tokenizer(path)
+    """(model, tokenizer) from a local checkpoint directory; fp32 on the CPU, no network.
+    Each tensor is read (lazy_hf's init) and put in place of its meta parameter in turn:
+    peak = the fp32 model + one tensor."""
+    model, tok, init = lazy_hf(path)
+    for name, p in model.named_parameters():   # each tied parameter once
+        t = torch.empty(p.shape, dtype=torch.float32)
+        init(name, t)
+        _assign(model, name, t)
+    model.tie_weights()   # the other names of a tied parameter: the new one
     return model, tok
 
 
 def _assign(model: nn.Module, name: str, t: torch.Tensor) -> None:
     mod_name, _, leaf = name.rpartition(".")
     mod = model.get_submodule(mod_name) if mod_name else model
-    old = getattr(mod, leaf)
-    if tuple(old.shape) != tuple(t.shape):
-        raise OutcoreError(f"checkpoint tensor {name} has shape {tuple(t.shape)}, the config "
-                           f"says {tuple(old.shape)}: config.json and weights disagree")
-    setattr(mod, leaf, nn.Parameter(t, requires_grad=old.requires_grad))
+    setattr(mod, leaf, nn.Parameter(t, requires_grad=getattr(mod, leaf).requires_grad))
 
 
 def load_tokenizer(path: str):
