@@ -82,7 +82,7 @@ def test_lazy_ranks_fill_their_shards_as_one_process_fills_the_whole(tmp_path):
     """A model on the meta device: each rank makes only its slices real, and they are the
     single-process engine's weights (the same seed), through training and a resume."""
     n, rows, steps = 2, 6, 3
-    cfg = {"family": "decoder", "lazy": True, "rows": rows, "steps": steps,
+    cfg = {"family": "decoder", "lazy": True, "try_copies": True, "rows": rows, "steps": steps,
            "out": str(tmp_path / "out"), "save_at": 2, "ckpt": str(tmp_path / "ckpt")}
     rc, errs, _ = run_ranks(cfg, n)
     assert rc == [0] * n, "\n".join(e[-2000:] for e in errs)
@@ -98,6 +98,7 @@ def test_lazy_ranks_fill_their_shards_as_one_process_fills_the_whole(tmp_path):
         check(o["resumed_losses"], o["resumed_params"], want_losses[2:],
               dict(ref.named_parameters()))
         assert o["state_bytes"] == 12 * outs[0]["padded"] // n
+        assert "is for one process" in o["copy_error"]   # the default ("auto") keeps none
 
 
 def test_a_killed_rank_is_named_and_the_others_exit(tmp_path):

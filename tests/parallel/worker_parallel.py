@@ -37,8 +37,13 @@ def main(cfg: dict) -> None:
     kw = dict(device="cpu", micro_batch_size=cfg.get("micro"), max_grad_norm=cfg.get("clip"),
               blocks=blocks_for(fam), distributed=True, shares=cfg.get("shares"))
     opt = outcore.AdamW(lr=LR, eps=EPS, weight_decay=WD)
-    engine = outcore.Engine(model, optimizer=opt, **kw)
     out = {"losses": [], "rows": []}
+    if cfg.get("try_copies"):   # refused before anything collective: a one-line error
+        try:
+            outcore.Engine(model, optimizer=opt, host_weight_copy="fused", **kw)
+        except outcore.OutcoreError as e:
+            out["copy_error"] = str(e)
+    engine = outcore.Engine(model, optimizer=opt, **kw)
     for i, b in enumerate(batches):
         if cfg.get("kill_rank") == rank and i == cfg.get("kill_step", 1):
             os.kill(os.getpid(), signal.SIGKILL)

@@ -134,3 +134,19 @@ def test_bad_lazy_models_get_one_line_errors():
         outcore.Engine(model, device="cpu")
     with pytest.raises(OutcoreError, match="init=.*this model's are real"):
         outcore.Engine(sequential(), device="cpu", init=lambda n, t: None)
+
+
+def test_a_lazy_model_needs_room_for_its_masters_too(monkeypatch):
+    """The host check counts the fp32 masters for a model on the meta device (an eager
+    model already holds them): refused in one line before anything is allocated."""
+    from outcore import planner
+    n = sum(p.numel() for p in lazy_tiny().parameters())
+    largest = max(sum(p.numel() for p in b.parameters()) for b in lazy_tiny().layers)
+    staged = 4 * largest * min(8, len(lazy_tiny().layers))
+    monkeypatch.setattr(planner, "host_available", lambda: 8 * n + staged)
+    torch.manual_seed(1)
+    outcore.Engine(decoder("tiny", vocab=96, max_seq=64), device="cpu").close()  # fits
+    with pytest.raises(OutcoreError, match=r"needs .*\(fp32 masters 4 B/param, AdamW m, v"):
+        outcore.Engine(lazy_tiny(), device="cpu")
+    monkeypatch.setattr(planner, "host_available", lambda: 12 * n + staged)
+    outcore.Engine(lazy_tiny(), device="cpu").close()

@@ -41,10 +41,10 @@ class ShardedEngine(Engine):
         kwargs.pop("distributed", None)
         kwargs["gpu_updates"] = 0
         kwargs["held_gpu_updates"] = 0   # like gpu_updates: off when the ranks shard updates
-        kwargs["host_weight_copy"] = False   # shards keep no 16-bit copies (shard.py)
         if kwargs.get("host_weight_copy", "auto") not in ("auto", False, None):
             raise OutcoreError("host_weight_copy=True is for one process: leave it off "
                                "when distributed")
+        kwargs["host_weight_copy"] = False   # shards keep no 16-bit copies (shard.py)
         self.label_shift = label_shift
         self._loss_weight = 1.0
         self._snapshot = False

@@ -104,7 +104,8 @@ class Engine(StepFlow, StepAccounting):
                                                STAGED_GRADS)
         self.host_weight_copy = host_weight_copy   # as resolved: no "auto" left
         check_host_room(self.groups, self.hold_updates, bool(host_weight_copy), STAGED_GRADS,
-                        shards=getattr(self, "world", 1))   # a ShardedEngine's rank: 1/world
+                        shards=getattr(self, "world", 1),   # a ShardedEngine's rank: 1/world
+                        lazy=self._fill is not None)
         self.host = self._host_state()
         # What pin_ registered in place must be unregistered before its memory can be
         # freed (close(), or this engine's collection): see memory.unpin_all.

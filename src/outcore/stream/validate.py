@@ -122,7 +122,7 @@ def resolve_copy_option(engine, value, held_gpu_updates, staged: int):
         return False
     try:
         check_host_room(engine.groups, engine.hold_updates, True, staged,
-                        margin=AUTO_COPY_MARGIN)
+                        margin=AUTO_COPY_MARGIN, lazy=bool(getattr(engine, "_fill", None)))
     except OutcoreError:
         return False   # room for the state, not for the copies too: none
     from .cast_kernel import load
@@ -130,25 +130,28 @@ def resolve_copy_option(engine, value, held_gpu_updates, staged: int):
 
 
 def check_host_room(groups, hold_updates: bool, copies: bool, staged: int,
-                    shards: int = 1, margin: int = 0) -> None:
+                    shards: int = 1, margin: int = 0, lazy: bool = False) -> None:
     """Refuse, before allocating, when the host cannot hold what the engine adds to the
     model already in its memory: AdamW's m and v (8 B/param), the gradients held for
     clipping (4 B/param) or else up to `staged` blocks' gradients waiting for the CPU
     AdamW, and 16-bit copies of the blocks (2 B/param). A necessary condition only (pinned
     pools and the CUDA runtime come on top): it turns the plain cases of the OOM killer
     into a one-line error. shards: a rank of a sharded engine holds 1/shards of it.
-    margin: B/param more to ask for (host_weight_copy="auto"'s spare room)."""
+    margin: B/param more to ask for (host_weight_copy="auto"'s spare room). lazy: the
+    model is on the meta device, so the fp32 masters (4 B/param) are to come too."""
     available = planner.host_available()
     if available is None:
         return
     n = sum(g.numel for g in groups)
     blocks = [g.numel for g in groups[1:]]
     grads = 4 * n if hold_updates else 4 * max(blocks, default=0) * min(staged, len(blocks))
-    need = (8 * n + grads + (2 * sum(blocks) if copies else 0) + margin * n) // shards
+    state = (12 if lazy else 8) * n
+    need = (state + grads + (2 * sum(blocks) if copies else 0) + margin * n) // shards
     if need > available:
         raise OutcoreError(
             f"the engine needs {fmt_bytes(need)} more host memory for {n / 1e9:.2f}B params "
-            f"(AdamW m, v 8 B/param{', gradients held for clipping 4' if hold_updates else ''}"
+            f"({'fp32 masters 4 B/param, ' if lazy else ''}AdamW m, v 8 B/param"
+            f"{', gradients held for clipping 4' if hold_updates else ''}"
             f"{', 16-bit copies 2' if copies else ''}) but {fmt_bytes(available)} is "
             "available: use a smaller model, free host memory or use a larger machine "
             "(outcore plan --model ... --host-memory ... shows the numbers)")
