@@ -150,3 +150,14 @@ def test_a_lazy_model_needs_room_for_its_masters_too(monkeypatch):
         outcore.Engine(lazy_tiny(), device="cpu")
     monkeypatch.setattr(planner, "host_available", lambda: 12 * n + staged)
     outcore.Engine(lazy_tiny(), device="cpu").close()
+
+
+def test_a_partly_lazy_model_keeps_its_real_parameters():
+    with meta_parameters():
+        lazy_part = nn.Linear(16, 16)
+    real = nn.Linear(8, 16)
+    model = nn.Sequential(real, nn.Tanh(), lazy_part, nn.ReLU(), nn.Linear(16, 3))
+    want = real.weight.detach().clone()
+    w = weights(outcore.Engine(model, device="cpu", init=lambda n, t: t.fill_(0.25)))
+    assert torch.equal(w["0.weight"], want)
+    assert torch.equal(w["2.weight"], torch.full((16, 16), 0.25))

@@ -27,7 +27,7 @@ def placeholder(p: torch.Tensor) -> torch.Tensor:
 
 def _values(p: torch.Tensor, name: str, fill: Fill | None) -> torch.Tensor:
     """p's values, flat: its own, or made by fill (a temporary of p's size)."""
-    if fill is None:
+    if fill is None or not p.is_meta:   # a real parameter of a partly lazy model too
         return p.detach().reshape(-1)
     t = torch.empty(p.shape, dtype=torch.float32)
     fill(name, t)

@@ -107,6 +107,8 @@ class Engine(StepFlow, StepAccounting):
                         shards=getattr(self, "world", 1),   # a ShardedEngine's rank: 1/world
                         lazy=self._fill is not None)
         self.host = self._host_state()
+        if hasattr(self._fill, "close"):
+            self._fill.close()   # RowBlocks' threads: filling is done
         # What pin_ registered in place must be unregistered before its memory can be
         # freed (close(), or this engine's collection): see memory.unpin_all.
         self._pinned, self._pools = [self.host.master, self.host.copy], [self.host.grad_pool]

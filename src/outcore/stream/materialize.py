@@ -1,7 +1,8 @@
 """Parameters built on the meta device, made real one tensor at a time where the state wants them.
 
 A model whose parameters are on the meta device (`outcore.models.decoder(size, lazy=True)`,
-or any model built inside `outcore.meta.meta_parameters()`) holds no weight memory. The
+or any model built inside `outcore.meta.meta_parameters()`) holds no weight memory (a
+parameter that is real in a partly lazy model is copied as usual). The
 engine then fills each group's flat host buffer in place (storage.HostState) or, on a rank
 of a sharded engine, only its own slice of it (parallel/shard.py). So the host never holds
 a whole fp32 model beside the training state: with N ranks on one machine, building costs
@@ -109,6 +110,10 @@ class RowBlocks:
                 for r in range(0, t.shape[0], step)]
         for j in jobs:
             j.result()   # re-raises an error of init_param here, in the caller's thread
+
+    def close(self) -> None:
+        """Let the threads go (the engine calls it once its host state is filled)."""
+        self.pool.shutdown()
 
     def _block(self, name: str, rows: torch.Tensor, i: int) -> None:
         digest = hashlib.blake2b(f"{self.seed}:{name}:{i}".encode(), digest_size=8).digest()

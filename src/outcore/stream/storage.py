@@ -36,7 +36,7 @@ class HostState:
             flat = pin_(flat) if pin else flat  # before the views: pin_ may copy
             for name, p, off in zip(g.names, g.params, g.offsets):
                 view = flat[off:off + p.numel()].view(p.shape)
-                if fill is not None:
+                if fill is not None and p.is_meta:
                     fill(name, view)
                 else:
                     view.copy_(p.detach())
