@@ -436,9 +436,11 @@ def main() -> None:
     if args.largest != "0" and "outcore" in args.systems:
         layers = largest_layers() if args.largest == "auto" else int(args.largest)
         print(f"== outcore largest ({layers} layers of the 7b shape)", flush=True)
+        # No host copies: the row is sized for HOST_BYTES_PER_PARAM, measured without them
+        # (they add 2 B/param; "auto" might take them where the host check passes narrowly)
         r = spawn("outcore", "largest", "7b", 16384, 0,
                   ["--steps", "3", "--warmup", "1", "--gpu-memory", args.gpu_memory,
-                   "--layers", str(layers)] + model_flags(args),
+                   "--layers", str(layers), "--no-host-weight-copy"] + model_flags(args),
                   args.timeout * 2)
         losses = r.get("losses") or []
         r["loss_falls"] = bool(losses) and losses[-1] < losses[0]
