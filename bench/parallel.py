@@ -55,6 +55,7 @@ def _train(engine, model, case: dict, n: int, cuda: bool) -> tuple[list, list]:
 def worker(case: dict) -> None:
     """One rank: build the model, train case['steps'] steps, rank 0 writes the row."""
     import outcore
+    from outcore.memory import host_peak_rss_bytes
     from outcore.models import decoder
     from outcore.parallel import init_distributed, shutdown
     n = case["nproc"]
@@ -89,9 +90,16 @@ def worker(case: dict) -> None:
            "peak_gpu_gb": engine.stats.peak_device_bytes / 1e9,
            "first_loss": losses[0], "last_loss": losses[-1], "steps": len(times),
            "tokens_per_step": rows * case["seq"]}
+    # Each rank's peak resident memory (pinned state, pools, libraries): what the machine
+    # held, against the engine's own count above (host_bytes_per_param).
+    rss = [host_peak_rss_bytes()]
     if n > 1:
         row["shares"] = engine.meter.shares
         row["rows_last_step"] = engine.stats.history[-1]["rows"]
+        rss = [None] * n
+        torch.distributed.all_gather_object(rss, host_peak_rss_bytes())
+    row["host_peak_rss_gb_per_rank"] = [r / 1e9 for r in rss]
+    row["host_rss_bytes_per_param"] = sum(rss) / engine.num_params
     engine.close()
     if rank == 0:
         Path(case["out"]).write_text(json.dumps(row))
@@ -226,6 +234,7 @@ def main() -> None:
     path = write(doc, name)
     print(f"wrote {path}\nsummary: {json.dumps(doc['summary'])}")
     print(table(doc["runs"], ["case", "size", "params", "tokens_per_s", "host_bytes_per_param",
+                              "host_rss_bytes_per_param",
                               "peak_gpu_gb", "shares", "error"]))
 
 

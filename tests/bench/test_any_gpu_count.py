@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -47,6 +49,11 @@ def test_parallel_bench_with_three_ranks(tmp_path):
     assert len(rows["3b-3gpu"]["shares"]) == 3
     assert rows["3b-3gpu"]["tokens_per_step"] == 3 * rows["3b-1gpu"]["tokens_per_step"]
     assert doc["summary"]["3gpu_over_1gpu"] > 0
+    # every rank's peak resident memory, summed per parameter
+    rss = rows["3b-3gpu"]["host_peak_rss_gb_per_rank"]
+    assert len(rss) == 3 and all(r > 0 for r in rss)
+    assert rows["3b-3gpu"]["host_rss_bytes_per_param"] == pytest.approx(
+        sum(rss) * 1e9 / rows["3b-3gpu"]["params"])
 
 
 def test_embed_bench_with_three_ranks(tmp_path):
