@@ -107,9 +107,9 @@ class SafetensorsInit:
             key = next((k for k in keys if k in where), None)
             if key is None:
                 missing.append(names[0])
+                continue
             for n in names:   # the engine names a tied parameter by any one of them
-                if key is not None:
-                    self.key[n] = (key, where[key])
+                self.key[n] = (key, where[key])
         if missing:
             raise OutcoreError(f"--model {path}: the safetensors files lack {len(missing)} "
                                f"parameters (first: {missing[0]}): is the checkpoint complete?")

@@ -36,12 +36,16 @@ def is_lazy(model: nn.Module) -> bool:
     return any(p.is_meta for p in model.parameters())
 
 
-def _seeded(key: str, seed: int, fn: Callable[[], None]) -> None:
-    """fn() with the CPU RNG seeded from (seed, key) (blake2b: the same in every process,
-    unlike hash()), the caller's RNG state left as it was."""
+def _seed_of(seed: int, key: str) -> int:
+    """A seed from (seed, key): blake2b, the same in every process (unlike hash())."""
     digest = hashlib.blake2b(f"{seed}:{key}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") % 2**63
+
+
+def _seeded(key: str, seed: int, fn: Callable[[], None]) -> None:
+    """fn() with the CPU RNG seeded from (seed, key), the caller's RNG state left as it was."""
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(int.from_bytes(digest, "little") % 2**63)
+        torch.manual_seed(_seed_of(seed, key))
         fn()
 
 
@@ -116,8 +120,7 @@ class RowBlocks:
         self.pool.shutdown()
 
     def _block(self, name: str, rows: torch.Tensor, i: int) -> None:
-        digest = hashlib.blake2b(f"{self.seed}:{name}:{i}".encode(), digest_size=8).digest()
-        gen = torch.Generator().manual_seed(int.from_bytes(digest, "little") % 2**63)
+        gen = torch.Generator().manual_seed(_seed_of(self.seed, f"{name}:{i}"))
         self.init_param(name, rows, gen)
 
 

@@ -166,9 +166,10 @@ class BlockRunner:
         gs = split_like(grad_out, B, n, size)
         xs = split_like(extra, B, n, size)
         ring_i, grad_w = e.grad_ring.take()
+        half = e.half_grad(g, n)
         if g not in e.updater.groups:
-            e.stats.cpu_grad_bytes = 2 if e.half_grad(g, n) else 4   # for the planner
-        if e.half_grad(g, n):
+            e.stats.cpu_grad_bytes = 2 if half else 4   # for the planner
+        if half:
             # Buffer reuse: one micro-batch's gradient is bf16 already (the leaves are), so
             # the fp32 ring buffer's first half holds it as bf16 exactly, and half the bytes
             # cross to the host (flow.half_grad).
