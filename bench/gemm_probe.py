@@ -2,7 +2,7 @@
 """Where the time of an out-of-core GEMM goes on one GPU: tile/piece variants and a
 per-stream timeline of one product.
 
-    PYTHONPATH=src python3 bench/gemm_probe.py        # about 1.5 min on one H200
+    PYTHONPATH=src python3 bench/gemm_probe.py        # about 3 min on one H200
 
 For tf32 and bf16 at 32768 (and fp32 at 16384), each plan variant is timed (median of 3
 after a warm-up); then the default plan's product runs once under torch.profiler, and the
@@ -43,8 +43,43 @@ CASES = [  # (compute, size, tile variants; None = the planner's choice)
      + SLABS + FLAT),
     ("bf16", N, [None, (4096, 4096, N, 4096), (4096, 4096, N, 8192), (8192, 8192, N, 8192)]
      + SLABS + FLAT),
-    ("fp32", 16384, [None, (4096, 4096, 16384, 4096), (4096, 4096, 16384, 8192)]),
+    ("fp32", 16384, [None, (4096, 4096, 16384, 4096), (4096, 4096, 16384, 8192),
+                     (8192, 8192, 16384, 2048), (8192, 8192, 16384, 4096),
+                     (4096, 16384, 16384, 2048), (16384, 4096, 16384, 2048),
+                     (16384, 16384, 16384, 2048)]),
 ]
+# In-core GEMMs of the tiles' shapes (m, n, k), accumulated into C as the workers do: how
+# fast the kernels of each tile shape run with nothing else on the GPU (fp32 at 16384
+# spends 173 of its 178 ms in GEMM kernels, against 163 ms for the whole product in-core)
+KERNELS = {
+    "fp32": [(4096, 4096, 2048), (4096, 4096, 16384), (8192, 8192, 2048), (8192, 8192, 16384),
+             (4096, 16384, 16384), (16384, 4096, 16384), (2048, 16384, 16384),
+             (16384, 16384, 1024), (16384, 16384, 2048), (16384, 16384, 16384)],
+    "bf16": [(4096, 4096, 8192), (8192, 8192, 8192), (8192, 8192, 32768),
+             (2048, 8192, 32768), (4096, 16384, 32768), (2048, 32768, 4096),
+             (32768, 32768, 32768)],
+}
+
+
+def kernel_rates() -> list[dict]:
+    """TFLOP/s of acc += a @ b on the GPU for each shape of KERNELS (median of 5)."""
+    from outcore.gemm.mmacc import mm_acc
+    rows = []
+    for compute, shapes in KERNELS.items():
+        dt = torch.bfloat16 if compute == "bf16" else torch.float32
+        for m, n, k in shapes:
+            a = torch.randn(m, k, device="cuda").to(dt)
+            b = torch.randn(k, n, device="cuda").to(dt)
+            acc = torch.zeros(m, n, device="cuda")
+            for _ in range(2):
+                mm_acc(acc, a, b, 1.0, 1.0)
+            runs = median_s(lambda: mm_acc(acc, a, b, 1.0, 1.0), 5, torch.cuda.synchronize)
+            t = statistics.median(runs)
+            rows.append({"compute": compute, "m": m, "n": n, "k": k, "seconds": t,
+                         "tflops": 2.0 * m * n * k / t / 1e12})
+            print(f"kernel {compute} {m}x{n}x{k}: {rows[-1]['tflops']:.1f} TFLOP/s", flush=True)
+    torch.cuda.empty_cache()
+    return rows
 
 
 def main() -> int:
@@ -52,6 +87,7 @@ def main() -> int:
         print("bench/gemm_probe.py needs a CUDA GPU", file=sys.stderr)
         return 2
     doc = common.header("gemm-probe")
+    doc["kernels"] = kernel_rates()
     bufs = [torch.empty(N * N) for _ in range(3)]
     for b in bufs:
         fill_(b)
@@ -82,6 +118,7 @@ def main() -> int:
         doc["runs"].append({"case": f"{compute}-{n}", "tile": "auto", "timeline": tl})
         print(json.dumps(tl, indent=1, default=str), flush=True)
         common.write(doc, f"gemm-probe-{common.machine_name()}")
+    print(common.table(doc["kernels"], ["compute", "m", "n", "k", "tflops"]))
     print(common.table([r for r in doc["runs"] if "tflops" in r],
                        ["case", "tile", "tflops", "wall_s", "plan"]))
     return 0

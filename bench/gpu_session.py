@@ -79,6 +79,9 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
              (100, PY + [B + "diag/gemm_linear_mem.py", "--features", "65536", "--tokens",
                          "4096", "--gpu-memory", "8GiB", "--min-mib", "256"]),
              (150, PY + [B + "adamw_cast.py"])],
+    # nvidia-h200: the in-core rates of the tiles' GEMM shapes, then plan variants (flat
+    # tiles in tf32/bf16, larger tiles at fp32-16384) and a timeline of each planner pick
+    "gemm-probe": [(300, PY + [B + "gemm_probe.py"])],
     # nvidia-h200: the gemm bench under a time budget
     "gemm-bench": [(260, PY + [B + "gemm.py", "--budget-s", "150", "--out",
                                "gemm-h200-next"])],
