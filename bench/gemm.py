@@ -414,18 +414,18 @@ def main() -> int:
     ap.add_argument("--budget-s", type=float, default=330.0,
                     help="stop starting new work after this many seconds (default 330)")
     ap.add_argument("--no-train", action="store_true", help="skip the training shapes")
-    ap.add_argument("--flat-tiles", action="store_true", help="the planner also tries tiles "
-                    "2x and 4x wider than tall, or taller (outcore.gemm.lone.FLAT_TILES, "
-                    "opt-in until measured)")
+    ap.add_argument("--square-tiles", action="store_true", help="the planner does not try "
+                    "tiles 2x and 4x wider than tall, or taller (outcore.gemm.lone.FLAT_TILES "
+                    "off; on by default since session 11)")
     ap.add_argument("--gpus", type=int, help="GPUs to use (default: every visible one; with "
                     "--smoke, that many CPU workers for the multi-device cases, default 2)")
     ap.add_argument("--out", help="results file, or a bare name for bench/results/NAME.json "
                     "(default bench/results/gemm-<machine>.json; smoke: "
                     "/tmp/outcore-bench/gemm-smoke.json)")
     args = ap.parse_args()
-    if args.flat_tiles:
+    if args.square_tiles:
         import outcore.gemm.lone as lone
-        lone.FLAT_TILES = True
+        lone.FLAT_TILES = False
     t_start = time.perf_counter()
     n_gpu = 0 if args.smoke else min(args.gpus or torch.cuda.device_count(),
                                      torch.cuda.device_count())
@@ -477,7 +477,7 @@ def main() -> int:
         "benchmark": "gemm", "command": "python3 " + " ".join(sys.argv), "commit": commit,
         "machine": machine, "gpus": gpus, "torch": torch.__version__,
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "bandwidth_gbps": env.bw, "budget_s": args.budget_s, "flat_tiles": args.flat_tiles,
+        "bandwidth_gbps": env.bw, "budget_s": args.budget_s, "flat_tiles": not args.square_tiles,
         "elapsed_s": time.perf_counter() - t_start, "dropped": dropped,
         "notes": ["host matrices are float32 and pinned (cudaHostRegister) in every case; "
                   "the case prefix / compute field names the arithmetic",

@@ -2,9 +2,10 @@
 """Where the time of an out-of-core GEMM goes on one GPU: tile/piece variants and a
 per-stream timeline of one product.
 
-    PYTHONPATH=src python3 bench/gemm_probe.py        # about 3 min on one H200
+    PYTHONPATH=src python3 bench/gemm_probe.py        # about 1 min on one H200
 
-For tf32 and bf16 at 32768 (and fp32 at 16384), each plan variant is timed (median of 3
+First the in-core rate of each tile shape's GEMM (KERNELS). Then for tf32 and bf16 at
+32768 (and fp32 at 16384), each plan variant is timed (median of 3
 after a warm-up); then the default plan's product runs once under torch.profiler, and the
 trace is reduced per CUDA stream: busy seconds, span, the copies' achieved GB/s, and for
 the stream that runs the GEMMs the idle time before its first kernel, inside its span and
@@ -25,28 +26,20 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 from gemm import fill_, median_s  # noqa: E402
 
+import outcore.gemm.plan as plan_mod  # noqa: E402
 from outcore.gemm.matmul import matmul  # noqa: E402
 from outcore.memory import pin_  # noqa: E402
 
 N = 32768
-# row slabs (tile_n = N): B's pieces are whole rows of B, contiguous in host memory, so
-# only A's pieces are 2-D copies; the first tile loads all of B, the others only A
-SLABS = [(4096, N, N, 4096), (2048, N, N, 4096)]
-# Flat tiles (session 6's timeline of the 8192 x 8192 plan in bf16: h2d 2-D copies of 32
-# KiB rows at 48.6 GB/s, then 28 ms of tail in which the last column of 4 tiles, 1 GB of
-# C, went out at 41 GB/s). 4096 x 16384 tiles copy 64 KiB rows of A (with 16384-deep
-# pieces) and of B, and the growing order ends on an A panel that only 2 tiles need.
-FLAT = [(4096, 16384, N, 8192), (4096, 16384, N, 16384), (4096, 8192, N, 8192),
-        (8192, 16384, N, 16384), (2048, 8192, N, 8192)]   # the last: FLAT_TILES's bf16 pick
-CASES = [  # (compute, size, tile variants; None = the planner's choice)
-    ("tf32", N, [None, (4096, 4096, N, 8192), (8192, 8192, N, 4096), (8192, 8192, N, 8192)]
-     + SLABS + FLAT),
-    ("bf16", N, [None, (4096, 4096, N, 4096), (4096, 4096, N, 8192), (8192, 8192, N, 8192)]
-     + SLABS + FLAT),
-    ("fp32", 16384, [None, (4096, 4096, 16384, 4096), (4096, 4096, 16384, 8192),
-                     (8192, 8192, 16384, 2048), (8192, 8192, 16384, 4096),
-                     (4096, 16384, 16384, 2048), (16384, 4096, 16384, 2048),
-                     (16384, 16384, 16384, 2048)]),
+# Earlier variants (row slabs, 2048-deep 4096 tiles, the flat tiles' first sweep) are in
+# git history and their figures in bench/NOTES.md; session 11 keeps the contenders.
+CASES = [  # (compute, size, tile variants; None = the planner's choice; "no-strips": the
+           # planner's choice with the last tile whole)
+    ("tf32", N, [None, "no-strips", (8192, 8192, N, 8192), (4096, 16384, N, 16384)]),
+    ("bf16", N, [None, "no-strips", (8192, 8192, N, 8192), (4096, 16384, N, 16384),
+                 (2048, 8192, N, 8192), (4096, 16384, N, 8192)]),
+    ("fp32", 16384, [None, "no-strips", (4096, 4096, 16384, 4096), (8192, 8192, 16384, 2048),
+                     (8192, 8192, 16384, 1024), (8192, 8192, 16384, 4096)]),
 ]
 # In-core GEMMs of the tiles' shapes (m, n, k), accumulated into C as the workers do: how
 # fast the kernels of each tile shape run with nothing else on the GPU (fp32 at 16384
@@ -97,11 +90,18 @@ def main() -> int:
         flops = 2.0 * n ** 3
         for tile in tiles:
             st = []
+            strips = plan_mod.MAX_STRIPS
+            if tile == "no-strips":
+                plan_mod.MAX_STRIPS = 1
+                plan_mod._cached_search.cache_clear()   # plans are remembered per shape
 
             def once():
-                st.append(matmul(A, B, C, compute=compute, tile=tile, return_stats=True)[1])
+                st.append(matmul(A, B, C, compute=compute, return_stats=True,
+                                 tile=None if tile == "no-strips" else tile)[1])
             once()   # warm-up: buffers, handles, the copy probe
             runs = median_s(once, 3, lambda: None)   # matmul returns when C is on the host
+            plan_mod.MAX_STRIPS = strips
+            plan_mod._cached_search.cache_clear()
             t = statistics.median(runs)
             doc["runs"].append({"case": f"{compute}-{n}", "tile": tile or "auto",
                                 "plan": st[-1].plan, "wall_s": t, "runs_s": runs,

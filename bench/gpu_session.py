@@ -82,6 +82,10 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
     # nvidia-h200: the in-core rates of the tiles' GEMM shapes, then plan variants (flat
     # tiles in tf32/bf16, larger tiles at fp32-16384) and a timeline of each planner pick
     "gemm-probe": [(300, PY + [B + "gemm_probe.py"])],
+    # nvidia-h200: the probe at session 11's planner (merged fresh pieces, the last tile in
+    # strips, flat tiles by default), then the whole gemm bench as the run of record
+    "gemm-record": [(150, PY + [B + "gemm_probe.py"]),
+                    (420, PY + [B + "gemm.py", "--budget-s", "330"])],
     # nvidia-h200: the gemm bench under a time budget
     "gemm-bench": [(260, PY + [B + "gemm.py", "--budget-s", "150", "--out",
                                "gemm-h200-next"])],

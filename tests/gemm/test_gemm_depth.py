@@ -45,8 +45,9 @@ def test_worker_keeps_at_most_depth_tasks_queued(monkeypatch, pinned):
         monkeypatch.setattr(HostMatrix, "__init__", pinned_init)
     A, B = np.ones((64, 32), np.float32), np.ones((32, 64), np.float32)
     from outcore.gemm import matmul
-    out = matmul(A, B, devices="cpu", tile=16)
+    out, st = matmul(A, B, devices="cpu", tile=16, return_stats=True)
     assert np.allclose(out, 32.0)
-    # 16 tasks of one tile; a wait before each pull once `depth` are queued, the last pull
-    # (which finds the queue empty) included
-    assert len(waits) == 16 - (LONE_DEPTH if pinned else 2) + 1
+    # 16 tiles, the last one cut in 4 strips: 19 tasks of one tile; a wait before each pull
+    # once `depth` are queued, the last pull (which finds the queue empty) included
+    assert st.devices[0].tiles == 19
+    assert len(waits) == 19 - (LONE_DEPTH if pinned else 2) + 1

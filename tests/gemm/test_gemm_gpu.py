@@ -73,7 +73,7 @@ def test_prologue_schedule_on_the_gpu():
     A, B, C = _data(1024, 768, 2048, True)
     plan = make_plan(1024, 768, 2048, host_dtype=torch.float32, compute="bf16", budget=1 << 30,
                      tile=(256, 256, 2048, 256))
-    plan = replace(plan, prologue=3, n_acc=plan.mt * plan.nt)
+    plan = replace(plan, prologue=3, n_acc=plan.n_tiles)
     job = GemmJob(plan, HostMatrix(A, "A"), HostMatrix(B, "B"), HostMatrix(C, "C"), False,
                   False, 1.0, 0.0)
     st = GemmStats(1024, 768, 2048, "bf16", "", devices=[DeviceStats("cuda:0")])

@@ -32,12 +32,12 @@ def _run(plan, dtype=F32, alpha=1.0, beta=0.0, seed=0):
     execute(job, [torch.device("cpu")], st)
     tol = "bf16" if torch.bfloat16 in (dtype,) or plan.compute == "bf16" else "fp32"
     check_close(out, *(x.double().numpy() for x in (A, B, C0)), alpha, beta, tol)
-    assert st.devices[0].tiles == plan.mt * plan.nt
+    assert st.devices[0].tiles == plan.n_tiles
     return st.devices[0]
 
 
 def _prologue(plan, pieces):
-    return replace(plan, prologue=pieces, n_acc=max(2, plan.mt * plan.nt))
+    return replace(plan, prologue=pieces, n_acc=max(2, plan.n_tiles))
 
 
 @pytest.mark.parametrize("k,piece,prologue", [
@@ -79,10 +79,10 @@ def test_the_gpu_tests_plan_on_the_cpu():
     plan = make_plan(1024, 768, 2048, host_dtype=F32, compute="bf16", budget=1 << 30,
                      tile=(256, 256, 2048, 256))
     assert plan.piece_k == 256               # the forced copy piece depth is kept
-    dev = _run(replace(plan, prologue=3, n_acc=plan.mt * plan.nt))
+    dev = _run(replace(plan, prologue=3, n_acc=plan.n_tiles))
     assert dev.block_misses == plan.mt + plan.nt
     # and with the prologue longer than K (two pieces of 1024)
-    _run(replace(plan, piece_k=1024, prologue=3, n_acc=plan.mt * plan.nt))
+    _run(replace(plan, piece_k=1024, prologue=3, n_acc=plan.n_tiles))
 
 
 def test_planner_keeps_a_forced_piece_depth_and_chooses_it_otherwise():
@@ -97,8 +97,8 @@ def test_planner_keeps_a_forced_piece_depth_and_chooses_it_otherwise():
 def test_model_takes_a_prologue_longer_than_k():
     plan = make_plan(1024, 768, 2048, host_dtype=F32, compute="bf16", budget=1 << 30,
                      tile=(256, 256, 2048, 1024))
-    long = replace(plan, prologue=5, n_acc=plan.mt * plan.nt)
-    whole = replace(plan, prologue=2, n_acc=plan.mt * plan.nt)
+    long = replace(plan, prologue=5, n_acc=plan.n_tiles)
+    whole = replace(plan, prologue=2, n_acc=plan.n_tiles)
     assert estimate_seconds(long, Rates()) == estimate_seconds(whole, Rates())
 
 

@@ -66,7 +66,7 @@ def test_staged_copies_and_writer_thread_give_exact_results(compute, dtype, prol
     plan = make_plan(30, 17, 25, host_dtype=dtype, compute=compute, budget=1 << 20,
                      tile=(8, 6, 25, 4), device_type="cpu")
     if prologue:
-        plan = replace(plan, prologue=prologue, n_acc=plan.mt * plan.nt)
+        plan = replace(plan, prologue=prologue, n_acc=plan.n_tiles)
     job = GemmJob(plan, HostMatrix(A, "A"), HostMatrix(B, "B"), HostMatrix(out, "out"),
                   ta=False, tb=True, alpha=1.5, beta=0.5)
     st = GemmStats(30, 17, 25, compute, "", devices=[DeviceStats("cpu#0"), DeviceStats("cpu#1")])
@@ -77,7 +77,7 @@ def test_staged_copies_and_writer_thread_give_exact_results(compute, dtype, prol
     staged = sum(d.staged_bytes for d in st.devices)
     # every byte in (A, B, C for beta) and out went through a staging buffer
     assert staged == moved_in + sum(d.d2h_bytes for d in st.devices)
-    assert sum(d.tiles for d in st.devices) == plan.mt * plan.nt
+    assert sum(d.tiles for d in st.devices) == plan.n_tiles
 
 
 def test_2d_copy_refuses_rows_that_overlap():

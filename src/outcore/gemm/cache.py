@@ -31,6 +31,7 @@ class Block:
     region: tuple[int, int, int, int]   # the block in the host matrix's storage coordinates
     bounds: list[tuple[int, int]]       # piece spans along K, relative to the block
     events: list = field(default_factory=list)   # per loaded piece: the event it landed with
+    etas: list = field(default_factory=list)     # per loaded piece: when it should land (s)
     reuse_after: object = None          # event: the previous occupant's last GEMM
     last_use: object = None             # event: this block's last GEMM so far
     pins: int = 0

@@ -2,7 +2,7 @@
 shape, chosen by the timing model (model.py).
 
 `maybe_prologue` picks the copy piece and whether to stream the first pieces of K over
-all tiles; `wider` tries tiles twice as large; `flatter` (FLAT_TILES, opt-in) tiles wider
+all tiles; `wider` tries tiles twice as large; `flatter` (FLAT_TILES) tiles wider
 than tall or taller than wide. Each keeps a candidate only when the model says it is
 clearly faster.
 """
@@ -10,12 +10,15 @@ clearly faster.
 from __future__ import annotations
 
 from .model import Rates, estimate_seconds
-from .plan import COMPUTE, MIN_PIECES, MIN_WIDE_TILES, GemmPlan, _fit, _replace, _size
+from .plan import (COMPUTE, MIN_PIECES, MIN_WIDE_TILES, GemmPlan, _fit, _replace, _size,
+                   with_strips)
 from .tiles import cdiv
 
-# Opt-in until measured (bench/gemm_probe.py times such tiles; bench/gemm.py --flat-tiles
-# plans with them): the planner also tries tiles 2x and 4x wider than tall, and taller.
-FLAT_TILES = False
+# On by default since session 11's probe (bench/results/gemm-probe-h200.json): bf16 at
+# 32768 took 190 ms in the planner's flat pick (2048 x 8192) and 186 in 4096 x 16384 tiles,
+# against 204 ms in its square pick (8192 x 8192); tf32 the same 221-223 ms either way.
+# bench/gemm.py --square-tiles turns it off.
+FLAT_TILES = True
 
 
 def whole_k(plan: GemmPlan, tm: int, tn: int, rates: Rates,
@@ -33,8 +36,8 @@ def whole_k(plan: GemmPlan, tm: int, tn: int, rates: Rates,
     blocks = cdiv(m, tm) + cdiv(n, tn)
     if f[2] // (max(tm, tn) * k * cb) < blocks:
         return None
-    cand = GemmPlan(m, n, k, tm, tn, k, f[1], plan.compute, plan.host_dtype, n_slots=blocks,
-                    n_acc=2, budget=plan.budget)
+    cand = with_strips(GemmPlan(m, n, k, tm, tn, k, f[1], plan.compute, plan.host_dtype,
+                                n_slots=blocks, n_acc=2, budget=plan.budget), "cuda")
     return maybe_prologue(cand, 1, "cuda", rates, layout=layout)
 
 
@@ -95,7 +98,7 @@ def maybe_prologue(plan: GemmPlan, n_devices: int, device_type: str, rates: Rate
         pro = (0, q // 4, q // 2) if plan.compute in ("tf32", "bf16") else (0,)
         for p in sorted(set(pro)):
             cand = _replace(plan, piece_k=pk, prologue=p,
-                            n_acc=max(2, plan.mt * plan.nt) if p else 2)
+                            n_acc=max(2, plan.n_tiles) if p else 2)
             if (p and q < 4) or cand.device_bytes() > plan.budget or cand == plan:
                 continue
             t = estimate_seconds(cand, rates, layout=layout)

@@ -1,18 +1,19 @@
 """A timing model of one device running a plan: what the planner chooses the schedule by.
 
 One h2d link, one compute engine, one d2h link, each serial: pieces load in the order they
-are first needed, a GEMM starts when its pieces have landed, a tile's copy-out starts when
-its last GEMM is done. The host enqueues tile i's loads only once tile i - depth has
-computed (the worker's flow control). It ignores cache eviction (it is only asked when everything fits)
-and per-call overheads; its rates only steer the schedule, a wrong guess costs speed,
-never correctness. A piece that is not contiguous in host memory is a 2-D copy of rows,
+are first needed, a GEMM starts when its pieces have landed (and takes the next pieces too
+when they land before it can start: `merged_end`), a GEMM's rate depends on its shape
+(`kernel_rate`), a tile's copy-out starts when its last GEMM is done. The host enqueues
+tile i's loads only once tile i - depth has computed (the worker's flow control). It
+ignores cache eviction (it is only asked when everything fits) and per-call overheads; its
+rates only steer the schedule, a wrong guess costs speed, never correctness. A piece that is not contiguous in host memory is a 2-D copy of rows,
 and narrow rows cross PCIe well below the contiguous rate (`ROW_FACTOR`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence
 
 import torch
 
@@ -43,11 +44,30 @@ def row_factor(row_bytes: int, contiguous: bool = False) -> float:
     return 1.0
 
 
+# GEMM kernels (acc += a @ b) by shape, fp32 on the H200 (bench/results/gemm-probe-h200.json,
+# session 11): a smaller C tile and a shallower K run slower, 48.9 TFLOP/s at 4096 x 4096 x
+# 2048, 51.3 at 4096 x 4096 x 16384, 52.3 at 8192 x 8192 x 16384, 52.8 at 16384^3. Fitted as
+# peak x (1 - edge / rows - edge / cols) x k / (k + depth): within 2% of those and 5 more
+# shapes but one (16384^2 x 1024: 4% low). Other computes: their flat rate (bf16's measured
+# rates do not follow the shape smoothly).
+KERNEL_FIT = {"fp32": (57.0, 140.0)}     # compute -> (edge, depth)
+
+
+def kernel_rate(rates: "Rates", compute: str, rows: int, cols: int, k: int) -> float:
+    """FLOP/s of one rows x cols x k GEMM accumulated into a C tile."""
+    peak = rates.flops[compute]
+    if compute not in KERNEL_FIT:
+        return peak
+    edge, depth = KERNEL_FIT[compute]
+    return peak * max(0.5, 1.0 - edge / rows - edge / cols) * k / (k + depth)
+
+
 @dataclass(frozen=True)
 class Rates:
-    """Per-device rates the schedule is chosen with (H200 figures from DESIGN.md)."""
+    """Per-device rates the schedule is chosen with (H200 figures from DESIGN.md; fp32's
+    is the peak of `kernel_rate`'s fit)."""
     flops: dict = field(default_factory=lambda: {
-        "fp64": 60e12, "fp32": 51e12, "tf32": 414e12, "bf16": 801e12})
+        "fp64": 60e12, "fp32": 53.6e12, "tf32": 414e12, "bf16": 801e12})
     h2d: float = 55e9
     d2h: float = 55e9
     hbm: float = 3.0e12          # device memory, read + write of an accumulator per GEMM
@@ -58,13 +78,23 @@ def _size(dtype: torch.dtype) -> int:
     return dtype.itemsize
 
 
+def merged_end(ready: Sequence[float], s: int, comp: float) -> int:
+    """End (exclusive) of the GEMM starting at piece s, the one rule of the worker and of
+    this model: pieces land at `ready` (in order), compute is free at `comp`, and the GEMM
+    takes each next piece that has landed by the time it can start (see clock.py)."""
+    start = max(comp, ready[s])
+    e = s + 1
+    while e < len(ready) and ready[e] <= start:
+        e += 1
+    return e
+
+
 def estimate_seconds(plan: GemmPlan, rates: Rates, depth: int = LONE_DEPTH,
                      layout: tuple[bool, bool] = (False, False)) -> float:
     """Seconds one device takes for `plan` under `rates`, at most `depth` tiles queued
     (see the module docstring). layout: whether A and B are stored transposed (op(A) = A.T),
     which sets the row width of each piece's copy."""
     hb = _size(plan.host_dtype)
-    rate = rates.flops[plan.compute]
     kspans = spans(plan.k, plan.tile_k)
     pspans = [spans(k1 - k0, plan.piece_k) for k0, k1 in kspans]
     avail: dict = {}
@@ -81,14 +111,14 @@ def estimate_seconds(plan: GemmPlan, rates: Rates, depth: int = LONE_DEPTH,
     ab = _size(plan.acc_dtype)
     known: dict = {}   # (rows, cols, kk) -> factors: few distinct shapes, many pieces
 
-    def factors(t, kk):
-        """Row-width factors of A's and B's piece of tile t, kk deep."""
-        key = (t.rows, t.cols, kk)
+    def factors(pr, pc, kk):
+        """Row-width factors of the pieces, kk deep, of a pr-row A panel and pc-col B panel."""
+        key = (pr, pc, kk)
         if key not in known:
-            fa = (row_factor(t.rows * hb, t.rows == plan.m) if ta
+            fa = (row_factor(pr * hb, pr == plan.m) if ta
                   else row_factor(kk * hb, kk == plan.k))
             fb = (row_factor(kk * hb, kk == plan.k) if tb
-                  else row_factor(t.cols * hb, t.cols == plan.n))
+                  else row_factor(pc * hb, pc == plan.n))
             known[key] = (fa, fb)
         return known[key]
 
@@ -96,29 +126,26 @@ def estimate_seconds(plan: GemmPlan, rates: Rates, depth: int = LONE_DEPTH,
         nonlocal comp
         k = pspans[kb][q1 - 1][1] - pspans[kb][q0][0]
         acc_rw = 2.0 * t.rows * t.cols * ab / rates.hbm
-        comp = max(comp, ready) + 2.0 * t.rows * t.cols * k / rate + acc_rw + rates.launch
+        flops = 2.0 * t.rows * t.cols * k
+        comp = (max(comp, ready) + flops / kernel_rate(rates, plan.compute, t.rows, t.cols, k)
+                + acc_rw + rates.launch)
 
     def run(t, kb, q0, q1):
-        """Like DeviceWorker._gemm: a piece loaded now gets its own GEMM, runs of pieces
-        already on the device are merged into one."""
-        seg, seg_ready = None, 0.0
+        """Like DeviceWorker._gemm: the pieces' loads (whole panels: a strip's tile needs
+        all of its panel), then GEMMs over runs of them cut by clock.merged_end."""
+        pr = min(plan.tile_m, plan.m - t.i * plan.tile_m)
+        pc = min(plan.tile_n, plan.n - t.j * plan.tile_n)
+        ready = []
         for p in range(q0, q1):
-            ka, kb_ = ("A", t.i, kb, p), ("B", t.j, kb, p)
-            fresh = ka not in avail or kb_ not in avail
             kk = pspans[kb][p][1] - pspans[kb][p][0]
-            fa, fb = factors(t, kk)
-            ready = max(need(ka, t.rows * kk * hb, fa), need(kb_, t.cols * kk * hb, fb))
-            if fresh:
-                if seg is not None:
-                    gemm(t, kb, seg, p, seg_ready)
-                    seg = None
-                gemm(t, kb, p, p + 1, ready)
-            elif seg is None:
-                seg, seg_ready = p, ready
-            else:
-                seg_ready = max(seg_ready, ready)
-        if seg is not None:
-            gemm(t, kb, seg, q1, seg_ready)
+            fa, fb = factors(pr, pc, kk)
+            ready.append(max(need(("A", t.i, kb, p), pr * kk * hb, fa),
+                             need(("B", t.j, kb, p), pc * kk * hb, fb)))
+        s = 0
+        while s < len(ready):
+            e = merged_end(ready, s, comp)
+            gemm(t, kb, q0 + s, q0 + e, max(ready[s:e]))
+            s = e
 
     tiles = plan.tiles()
     # like DeviceWorker._task: the prologue covers at most K block 0's pieces

@@ -25,7 +25,7 @@ import torch
 from ..errors import OutcoreError
 from ..units import fmt_bytes
 from .model import Rates, estimate_seconds  # noqa: F401  (estimate_seconds: re-exported)
-from .tiles import band_order, cdiv, growing_order, make_tiles
+from .tiles import band_order, cdiv, growing_order, make_tiles, row_strips
 
 # compute name -> (dtype the tiles are multiplied in, dtype they are accumulated in)
 COMPUTE = {
@@ -40,6 +40,8 @@ MIN_TILE = {"cuda": 64, "cpu": 4}
 DEFAULT_TILE = {"cuda": 4096, "cpu": 256}
 MIN_WIDE_TILES = 16         # C tiles a product needs before a lone device widens its tiles
 MIN_PIECES = 4              # K pieces a tile keeps at least when the planner deepens them
+MAX_STRIPS = 4              # row strips the last tile of a lone device is cut into
+MIN_STRIP = {"cuda": 512, "cpu": 4}   # rows a strip keeps at least (its GEMM stays large)
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,7 @@ class GemmPlan:
     order: str = "grow"          # "grow", "rows" (A band resident) or "cols"
     band: int = 1
     prologue: int = 0            # pieces of K streamed over all tiles before tile-major
+    strips: int = 1              # row strips of the order's last tile (a lone device)
     budget: int = 0
     est_seconds: float | None = None
 
@@ -66,11 +69,11 @@ class GemmPlan:
         if self.prologue < 0:
             raise OutcoreError(f"prologue={self.prologue} is negative: give 0 (no prologue) or "
                                "a number of K pieces")
-        if self.prologue and self.n_acc < self.mt * self.nt:
+        if self.prologue and self.n_acc < self.n_tiles:
             # every tile is live during the prologue: shared accumulators give wrong sums
-            raise OutcoreError(f"prologue={self.prologue} keeps all {self.mt * self.nt} C tiles "
+            raise OutcoreError(f"prologue={self.prologue} keeps all {self.n_tiles} C tiles "
                                f"live but the plan has {self.n_acc} accumulators: set "
-                               "n_acc >= mt * nt, or prologue=0")
+                               "n_acc >= n_tiles, or prologue=0")
 
     @property
     def compute_dtype(self) -> torch.dtype:
@@ -93,9 +96,14 @@ class GemmPlan:
         return cdiv(self.k, self.tile_k)
 
     @property
+    def n_tiles(self) -> int:
+        """Tiles in the order, the last tile's strips counted one by one."""
+        return self.mt * self.nt + max(1, self.strips) - 1
+
+    @property
     def first_task(self) -> int:
         """Tiles a device takes in its first pull: all of them when there is a prologue."""
-        return self.mt * self.nt if self.prologue else 1
+        return self.n_tiles if self.prologue else 1
 
     @property
     def slot_numel(self) -> int:
@@ -124,11 +132,13 @@ class GemmPlan:
             order = growing_order(self.mt, self.nt)
         else:
             order = band_order(self.mt, self.nt, self.band, "A" if self.order == "rows" else "B")
-        return make_tiles(order, self.m, self.n, self.tile_m, self.tile_n)
+        tiles = make_tiles(order, self.m, self.n, self.tile_m, self.tile_n)
+        return tiles[:-1] + row_strips(tiles[-1], self.strips) if self.strips > 1 else tiles
 
     def describe(self) -> str:
         est = f", model {self.est_seconds * 1e3:.0f} ms" if self.est_seconds else ""
         pro = f", first {self.prologue} pieces of K over all tiles" if self.prologue else ""
+        pro += f", last tile in {self.strips} strips" if self.strips > 1 else ""
         return (f"tiles {self.tile_m}x{self.tile_n}x{self.tile_k} (piece {self.piece_k}), "
                 f"{self.mt}x{self.nt} C tiles, {self.nk} K blocks, order {self.order}"
                 f"{'' if self.order == 'grow' else f' band {self.band}'}{pro}; per device "
@@ -261,6 +271,9 @@ def _search(m, n, k, host_dtype, compute, budget, tile, n_devices, device_type, 
     n_slots = min(room // (max(tm, tn) * tk * cb), total_blocks)
     plan = GemmPlan(m, n, k, tm, tn, tk, pk, compute, host_dtype, n_slots=int(n_slots), n_acc=2,
                     budget=budget)
+    lone_device = n_devices == 1
+    if lone_device:
+        plan = with_strips(plan, device_type)
     if n_slots >= total_blocks:
         rates = rates or Rates()
         from .lone import flatter, maybe_prologue, wider   # lone.py imports this module
@@ -276,9 +289,20 @@ def _search(m, n, k, host_dtype, compute, budget, tile, n_devices, device_type, 
     rows_traffic = m * k + k * n * cdiv(mt, min(g, mt))
     cols_traffic = k * n + m * k * cdiv(nt, min(g, nt))
     if rows_traffic <= cols_traffic:
-        return _replace(plan, order="rows", band=min(g, mt))
-    return _replace(plan, order="cols", band=min(g, nt))
+        plan = _replace(plan, order="rows", band=min(g, mt))
+    else:
+        plan = _replace(plan, order="cols", band=min(g, nt))
+    return with_strips(plan, device_type) if lone_device else plan
 
 
 def _replace(plan: GemmPlan, **kw) -> GemmPlan:
     return replace(plan, **kw)
+
+
+def with_strips(plan: GemmPlan, device_type: str) -> GemmPlan:
+    """`plan` with its last tile cut into row strips of at least MIN_STRIP rows (at most
+    MAX_STRIPS): for one device, whose tiles come in the plan's order."""
+    rows = replace(plan, strips=1).tiles()[-1].rows
+    strips = max(1, min(MAX_STRIPS, rows // MIN_STRIP.get(device_type, 4)))
+    n_acc = max(plan.n_acc, plan.mt * plan.nt + strips - 1) if plan.prologue else plan.n_acc
+    return replace(plan, strips=strips, n_acc=n_acc)

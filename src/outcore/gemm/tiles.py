@@ -6,6 +6,10 @@
     exactly A_i and B_j. Along K a panel is cut into blocks of tile_k (the cache unit) and a
     block into pieces of piece_k (the copy unit: one event each).
 
+The last tile of a lone device's order may be cut into row strips (`row_strips`): each
+strip's C goes back to the host as soon as it is done, so the copy-out that no compute
+hides at the end of a product is one strip's, not one tile's.
+
 The order of C tiles decides how often a panel crosses PCIe:
 - `growing_order`: when a device's cache holds every panel, tiles with max(i, j) = s come
   at step s, so each step needs only A_s and B_s and the work available grows with the
@@ -90,3 +94,10 @@ def make_tiles(order: list[tuple[int, int]], m: int, n: int, tile_m: int,
     """(i, j) pairs -> Tiles with their row and column bounds."""
     return [Tile(i, j, i * tile_m, min((i + 1) * tile_m, m), j * tile_n,
                  min((j + 1) * tile_n, n)) for (i, j) in order]
+
+
+def row_strips(t: Tile, parts: int) -> list[Tile]:
+    """t cut into `parts` strips of rows (the same panels i and j); [t] when parts <= 1."""
+    parts = max(1, min(parts, t.rows))
+    edges = [t.r0 + (t.rows * q) // parts for q in range(parts + 1)]
+    return [Tile(t.i, t.j, r0, r1, t.c0, t.c1) for r0, r1 in zip(edges, edges[1:])]

@@ -26,9 +26,11 @@ import torch
 from ..transfer import Lanes, host_wait
 from .arena import Arena
 from .cache import Block, BlockCache
+from .clock import DeviceClock
 from .copies import Copier
 from .hostmat import HostMatrix
 from .mmacc import mm_acc
+from .model import merged_end
 from .plan import GemmPlan
 from .stats import DeviceStats
 from .tiles import Tile, spans
@@ -114,6 +116,7 @@ class DeviceWorker:
         self.kspans = spans(p.k, p.tile_k)
         self.pspans = [spans(k1 - k0, p.piece_k) for k0, k1 in self.kspans]
         self.copier = Copier(self.lanes, self.stats, max(p.piece_numel, p.tile_m * p.tile_n))
+        self.clock = DeviceClock(p.compute)
 
     def _make_lanes(self) -> Lanes:
         return Lanes(self.device)
@@ -200,28 +203,28 @@ class DeviceWorker:
         L, job, t = self.lanes, self.job, r.tile
         a = self._block("A", t.i, kb)
         b = self._block("B", t.j, kb)
-        if a.loaded >= p1 and b.loaded >= p1:
-            segs = [[p0, p1, False]]     # all on the device already: one GEMM
-        else:
-            segs = []
-            for p in range(p0, p1):
-                fresh = self._ensure(a, p) | self._ensure(b, p)
-                if fresh or not segs or segs[-1][2]:
-                    segs.append([p, p + 1, fresh])
-                else:
-                    segs[-1][1] = p + 1
-        a_op = a.view.t() if a.k_on_rows else a.view       # rows x k
+        for p in range(p0, p1):
+            self._ensure(a, p)
+            self._ensure(b, p)
+        ready = [max(a.etas[p], b.etas[p]) for p in range(p0, p1)]
+        off = t.r0 - t.i * self.plan.tile_m                # a strip's first row in the panel
+        a_op = (a.view.t() if a.k_on_rows else a.view)[off:off + t.rows]   # rows x k
         b_op = b.view if b.k_on_rows else b.view.t()       # k x cols
-        for s0, s1, _ in segs:
+        s = 0
+        while s < len(ready):
+            e = merged_end(ready, s, self.clock.comp)
+            s0, s1 = p0 + s, p0 + e
             # Stream waits: the last piece of the run has landed in both blocks (earlier
             # pieces of a block were copied before it on the same stream).
             L.wait(L.compute, a.events[s1 - 1])
             L.wait(L.compute, b.events[s1 - 1])
             k0, k1 = a.bounds[s0][0], a.bounds[s1 - 1][1]
             mm_acc(r.acc, a_op[:, k0:k1], b_op[k0:k1, :], job.alpha, r.beta)
+            self.clock.gemm(t.rows, t.cols, k1 - k0, max(ready[s:e]))
             r.beta = 1.0
             self.stats.gemms += 1
             self.stats.flops += 2.0 * t.rows * t.cols * (k1 - k0)
+            s = e
         used = L.event(L.compute)
         self.cache.release(a, used)
         self.cache.release(b, used)
@@ -273,18 +276,19 @@ class DeviceWorker:
                 region, shape, k_on_rows = (k0, k1, c0, c1), (k1 - k0, c1 - c0), True
         return self.cache.put(key, shape, k_on_rows, region, self.pspans[kb])
 
-    def _ensure(self, blk: Block, p: int) -> bool:
-        """Load blk's pieces up to p (in order); True if any load was enqueued now."""
-        if blk.loaded > p:
-            return False
+    def _ensure(self, blk: Block, p: int) -> None:
+        """Load blk's pieces up to p (in order)."""
         while blk.loaded <= p:
             self._load_piece(blk, blk.loaded)
-        return True
 
     def _load_piece(self, blk: Block, p: int) -> None:
         L = self.lanes
         host: HostMatrix = self.job.a if blk.key[0] == "A" else self.job.b
         dst, region = blk.piece_view(p), blk.piece_region(p)
+        r0, r1, c0, c1 = region
+        blk.etas.append(self.clock.load((r1 - r0) * (c1 - c0) * host.dtype.itemsize,
+                                        (c1 - c0) * host.dtype.itemsize,
+                                        c1 - c0 == host.shape[1]))
         if not self.plan.needs_landing:
             if p == 0:
                 L.wait(L.h2d, blk.reuse_after)   # buffer reuse: the slot's last GEMM is done

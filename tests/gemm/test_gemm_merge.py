@@ -1,0 +1,90 @@
+"""Where GEMMs over fresh pieces are cut (model.merged_end, the worker's DeviceClock) and
+the last tile's row strips, run by the real worker on the CPU against float64."""
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from gemm_testlib import check_close
+from outcore.gemm import worker as worker_mod
+from outcore.gemm.clock import DeviceClock
+from outcore.gemm.hostmat import HostMatrix
+from outcore.gemm.matmul import execute
+from outcore.gemm.model import Rates, estimate_seconds, merged_end
+from outcore.gemm.plan import MAX_STRIPS, make_plan, with_strips
+from outcore.gemm.stats import DeviceStats, GemmStats
+from outcore.gemm.tiles import Tile, row_strips
+from outcore.gemm.worker import GemmJob
+
+
+def test_merged_end_takes_the_pieces_landed_before_the_gemm_can_start():
+    ready = [1.0, 2.0, 3.0, 4.0]
+    assert merged_end(ready, 0, comp=0.0) == 1       # compute idle: start on piece 0 alone
+    assert merged_end(ready, 0, comp=3.5) == 3       # busy until 3.5: pieces 0-2 are there
+    assert merged_end(ready, 1, comp=9.0) == 4       # all landed: one GEMM to the end
+    assert merged_end(ready, 3, comp=0.0) == 4
+
+
+def test_row_strips_cover_the_tile_on_its_panels():
+    t = Tile(2, 3, 100, 203, 40, 90)
+    strips = row_strips(t, 4)
+    assert [(s.i, s.j, s.c0, s.c1) for s in strips] == [(2, 3, 40, 90)] * 4
+    assert strips[0].r0 == 100 and strips[-1].r1 == 203
+    assert all(a.r1 == b.r0 for a, b in zip(strips, strips[1:]))
+    assert row_strips(Tile(0, 0, 0, 2, 0, 5), 4) == row_strips(Tile(0, 0, 0, 2, 0, 5), 2)
+    assert row_strips(t, 1) == [t]
+
+
+def test_planner_strips_only_a_lone_devices_last_tile():
+    kw = dict(host_dtype=torch.float32, compute="fp32", budget=120 << 30, device_type="cuda")
+    lone = make_plan(16384, 16384, 16384, **kw)
+    assert lone.strips == MAX_STRIPS and len(lone.tiles()) == lone.mt * lone.nt + 3
+    last = replace(lone, strips=1).tiles()[-1]
+    assert {(s.i, s.j) for s in lone.tiles()[-MAX_STRIPS:]} == {(last.i, last.j)}
+    assert make_plan(16384, 16384, 16384, n_devices=2, **kw).strips == 1
+    # a prologue keeps every tile live: one accumulator per strip as well
+    pro = with_strips(replace(lone, strips=1, prologue=2, n_acc=lone.mt * lone.nt), "cuda")
+    assert pro.n_acc == pro.n_tiles == lone.mt * lone.nt + 3
+
+
+def _run(plan, clock_rates=None, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    A, B = torch.randn(plan.m, plan.k, generator=g), torch.randn(plan.k, plan.n, generator=g)
+    out = torch.full((plan.m, plan.n), float("nan"))
+    job = GemmJob(plan, HostMatrix(A, "A"), HostMatrix(B, "B"), HostMatrix(out, "out"),
+                  ta=False, tb=False, alpha=1.0, beta=0.0)
+    st = GemmStats(plan.m, plan.n, plan.k, plan.compute, "", devices=[DeviceStats("cpu")])
+    execute(job, [torch.device("cpu")], st)
+    check_close(out, A.double().numpy(), B.double().numpy(), None, 1.0, 0.0, "fp32")
+    assert st.devices[0].tiles == plan.n_tiles
+    return st.devices[0]
+
+
+@pytest.mark.parametrize("strips", [1, 3])
+def test_fresh_pieces_merge_where_the_link_runs_ahead(monkeypatch, strips):
+    """A fast link and slow compute: the pieces of a fresh panel land while the GEMM before
+    them runs, so they merge (fewer GEMMs); a slow link: one GEMM per fresh piece. Same
+    result either way, strips included."""
+    plan = make_plan(96, 80, 64, host_dtype=torch.float32, compute="fp32", budget=1 << 30,
+                     tile=(32, 40, 64, 8), device_type="cpu")
+    plan = replace(plan, strips=strips)
+    counts = {}
+    for name, rates in (("link-ahead", Rates(flops={"fp32": 1e3}, h2d=1e15)),
+                        ("compute-ahead", Rates(flops={"fp32": 1e15}, h2d=1e3))):
+        monkeypatch.setattr(worker_mod, "DeviceClock",
+                            lambda compute, r=rates: DeviceClock(compute, r))
+        counts[name] = _run(plan).gemms
+    # 3 x 2 tiles (+ strips), 8 pieces each: per-piece GEMMs for every fresh piece when the
+    # link is slow; when it is fast only the first piece of the product waits alone
+    assert counts["link-ahead"] < counts["compute-ahead"]
+    assert counts["compute-ahead"] >= 8 * (1 + 2 + 1)   # tiles that load a fresh panel
+
+
+def test_the_model_sees_the_strips_tail():
+    """The model charges the copy-out that follows the last GEMM: a strip's, not a tile's."""
+    kw = dict(host_dtype=torch.float32, compute="bf16", budget=120 << 30, device_type="cuda")
+    plan = make_plan(32768, 32768, 32768, tile=(8192, 8192, 32768, 8192), **kw)
+    assert plan.strips == MAX_STRIPS
+    whole = replace(plan, strips=1)
+    assert estimate_seconds(plan, Rates()) < estimate_seconds(whole, Rates())
