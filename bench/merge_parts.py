@@ -7,7 +7,8 @@ input becomes one part (its own command, commit, date, torch, GPU tests), each r
 tagged with its part's index, the rows keep every figure as measured. The inputs must be
 one benchmark's files from one machine kind; nothing is recomputed or edited.
 `FILE@last` takes only the newest part of a file already in parts (what one --append
-command added; its header is that file's top level). A stream file gets its plot too.
+command added; its header is that file's top level), `FILE@N` its part N (its header from
+that part's entry). A stream file gets its plot too.
 """
 
 from __future__ import annotations
@@ -48,14 +49,18 @@ def merge(docs: list[dict]) -> dict:
     return out
 
 
-def last_part(doc: dict) -> dict:
-    """The newest part of a file in parts as a single-command file: its rows (untagged)
-    and the top-level header, which an --append command leaves as its own."""
+def one_part(doc: dict, which: str = "last") -> dict:
+    """Part `which` ("last" or an index) of a file in parts as a single-command file: its
+    rows (untagged) and its header (the top level, which an --append command leaves as
+    its own, updated with the part's entry)."""
     parts = doc.pop("parts", None)
     if not parts:
-        raise SystemExit("@last: the file is not in parts; name it without @last")
-    k = len(parts) - 1
+        raise SystemExit(f"@{which}: the file is not in parts; name it without @{which}")
+    k = len(parts) - 1 if which == "last" else int(which)
+    if not 0 <= k < len(parts):
+        raise SystemExit(f"@{which}: the file has parts 0 to {len(parts) - 1}")
     doc.pop("merged_by", None)
+    doc.pop("summary", None)
     doc.update(parts[k])
     doc["runs"] = [{key: v for key, v in r.items() if key != "part"}
                    for r in doc["runs"] if r.get("part") == k]
@@ -64,10 +69,10 @@ def last_part(doc: dict) -> dict:
 
 def load(arg: str) -> dict:
     path, _, which = arg.partition("@")
-    if which not in ("", "last"):
-        raise SystemExit(f"{arg}: only FILE or FILE@last")
+    if which not in ("", "last") and not which.isdigit():
+        raise SystemExit(f"{arg}: only FILE, FILE@last or FILE@N (a part's index)")
     doc = json.loads(Path(path).read_text())
-    return last_part(doc) if which else doc
+    return one_part(doc, which) if which else doc
 
 
 def main() -> None:
@@ -75,7 +80,7 @@ def main() -> None:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("name", help="output: bench/results/NAME.json")
     ap.add_argument("inputs", nargs="+", help="results files, oldest first (FILE@last: the "
-                    "newest part of a file in parts)")
+                    "newest part of a file in parts; FILE@N: its part N)")
     args = ap.parse_args()
     doc = merge([load(a) for a in args.inputs])
     print(common.write(doc, args.name))

@@ -92,8 +92,11 @@ def test_merge_parts_takes_the_last_part_of_an_appended_file(tmp_path):
     with pytest.raises(SystemExit, match="not in parts"):
         mp.load(f"{tmp_path / 'plain.json'}@last") if (tmp_path / "plain.json").write_text(
             json.dumps(first)) else None
-    with pytest.raises(SystemExit, match="only FILE"):
+    assert mp.load(f"{path}@1")["runs"] == [{"case": "largest", "step_s": 3.0}]
+    with pytest.raises(SystemExit, match="has parts 0 to 1"):
         mp.load(f"{path}@2")
+    with pytest.raises(SystemExit, match="only FILE"):
+        mp.load(f"{path}@first")
 
 
 def test_out_takes_a_bare_name_or_a_path(tmp_path):
