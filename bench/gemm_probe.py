@@ -35,15 +35,15 @@ N = 32768
 # Earlier variants (row slabs, 2048-deep 4096 tiles, the flat tiles' first sweep) are in
 # git history and their figures in bench/NOTES.md; session 11 keeps the contenders.
 # (compute, size, [(label, tile or None for the planner's choice, settings)]): settings
-# are module attributes set for that variant only (plan.MAX_STRIPS, mmacc.MM_FOR_FIRST)
+# are module attributes set for that variant only (session 11 also timed mmacc's first GEMM
+# as torch.mm: no faster, removed)
 NO_STRIPS = {(plan_mod, "MAX_STRIPS"): 1}
-MM_FIRST = {(mmacc, "MM_FOR_FIRST"): True}
 CASES = [
-    ("fp32", 16384, [("auto", None, {}), ("mm-first", None, MM_FIRST),
-                     ("8192 mm-first", (8192, 8192, 16384, 2048), MM_FIRST),
+    ("fp32", 16384, [("auto", None, {}), ("8192", (8192, 8192, 16384, 2048), {}),
                      ("no-strips", None, NO_STRIPS)]),
-    ("fp32", N, [("auto", None, {}), ("mm-first", None, MM_FIRST),
-                 ("4096", (4096, 4096, N, 2048), {})]),
+    ("fp32", N, [("auto", None, {}), ("4096", (4096, 4096, N, 2048), {})]),
+    ("bf16", N, [("auto", None, {}), ("4096x16384", (4096, 16384, N, 16384), {}),
+                 ("no-strips", None, NO_STRIPS)]),
 ]
 # In-core GEMMs of the tiles' shapes (m, n, k) as the workers run them: acc += a @ b
 # ("addmm1"), a tile's first GEMM ("addmm0": addmm_ with beta=0; "mm": torch.mm(out=)).

@@ -89,15 +89,3 @@ def test_the_model_sees_the_strips_tail():
     whole = replace(plan, strips=1)
     assert estimate_seconds(plan, Rates()) < estimate_seconds(whole, Rates())
 
-
-@pytest.mark.parametrize("alpha", [1.0, -0.5])
-def test_a_tiles_first_gemm_as_mm_gives_the_same_product(monkeypatch, alpha):
-    """mmacc.MM_FOR_FIRST: a tile's first GEMM (beta == 0) as torch.mm(out=), alpha after."""
-    from outcore.gemm import mmacc
-    from outcore.gemm.matmul import matmul
-    g = torch.Generator().manual_seed(1)
-    A, B = torch.randn(70, 50, generator=g), torch.randn(50, 30, generator=g)
-    for flag in (False, True):
-        monkeypatch.setattr(mmacc, "MM_FOR_FIRST", flag)
-        out = matmul(A, B, alpha=alpha, devices="cpu", tile=(16, 16, 50, 8))
-        check_close(out, A.double().numpy(), B.double().numpy(), None, alpha, 0.0, "fp32")

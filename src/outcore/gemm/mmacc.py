@@ -5,10 +5,6 @@ from __future__ import annotations
 import torch
 
 _OUT_DTYPE_OK: dict[str, bool] = {}
-# A first GEMM into a tile (beta == 0) as torch.mm(out=) rather than addmm_(beta=0): the
-# probe times both (bench/gemm_probe.py, KERNELS); in-core torch.mm ran 54.0 TFLOP/s at
-# 16384^3 in fp32 against 52.8 for addmm_ with beta=1. Off until measured.
-MM_FOR_FIRST = False
 
 
 def mm_acc(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor, alpha: float,
@@ -20,11 +16,8 @@ def mm_acc(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor, alpha: float,
     CPU the bf16 values multiplied in fp32 (exactly what bf16 x bf16 -> fp32 computes).
     """
     if a.dtype == acc.dtype:
-        if beta == 0 and MM_FOR_FIRST:
-            torch.mm(a, b, out=acc)
-            if alpha != 1:
-                acc.mul_(alpha)
-            return
+        # (a tile's first GEMM as torch.mm(out=) instead ran no faster on the H200: session
+        # 11's probe, gemm-probe-h200.json, kernels "mm" and "addmm0", case "mm-first")
         acc.addmm_(a, b, beta=beta, alpha=alpha)
         return
     kind = acc.device.type
