@@ -86,6 +86,13 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
     # strips, flat tiles by default), then the whole gemm bench as the run of record
     "gemm-record": [(150, PY + [B + "gemm_probe.py"]),
                     (420, PY + [B + "gemm.py", "--budget-s", "330"])],
+    # nvidia-h200: the gemm GPU tests at session 11's worker (merged pieces, strips), why
+    # the bench's tf32/bf16 rows run slower than the probe's, and 3b-64k with the default
+    # since session 10 (host_weight_copy="auto") appended to the run of record
+    "s11-final": [(140, PY + ["-m", "pytest", "-q", "-x", "tests/gemm/test_gemm_gpu.py"]),
+                  (90, PY + [B + "diag/gemm_order.py"]),
+                  (330, PY + [B + "stream.py", "--cases", "3b-64k", "--compiled", "--largest",
+                              "0", "--skip-tests", "--append", "--timeout", "170"])],
     # nvidia-h200: the gemm bench under a time budget
     "gemm-bench": [(260, PY + [B + "gemm.py", "--budget-s", "150", "--out",
                                "gemm-h200-next"])],
