@@ -3,10 +3,11 @@
 A tile whose panels are still loading gets its pieces one by one. A GEMM per piece starts
 compute early but runs smaller kernels (fp32 on the H200: 48.9 TFLOP/s at 4096 x 4096 x
 2048 against 51.3 at 16384 deep); one GEMM over the whole panel waits for its last piece.
-`model.merged_end` takes the middle way: a GEMM takes every next piece that lands before it could
-start anyway (compute still busy with the GEMMs before it), so where the link runs ahead of
-compute (fp32) fresh pieces merge into large GEMMs, and where compute waits for the link
-(bf16) each piece still gets its own GEMM as soon as it lands.
+`model.merged_end` takes the middle way: a GEMM takes every next piece that lands before it
+could start anyway (compute still busy with the GEMMs before it), so where the link runs
+ahead of compute (fp32) fresh pieces merge into large GEMMs (the fp32-16384 product ran 32
+GEMM kernels instead of 65), and where compute waits for the link (bf16) each piece still
+gets its own GEMM as soon as it lands.
 
 `DeviceClock` is the worker's estimate of when its streams get there, from `Rates`: a wrong
 estimate costs speed (a GEMM waits for a piece that is late, or starts on fewer pieces than

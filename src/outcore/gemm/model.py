@@ -6,8 +6,9 @@ when they land before it can start: `merged_end`), a GEMM's rate depends on its 
 (`kernel_rate`), a tile's copy-out starts when its last GEMM is done. The host enqueues
 tile i's loads only once tile i - depth has computed (the worker's flow control). It
 ignores cache eviction (it is only asked when everything fits) and per-call overheads; its
-rates only steer the schedule, a wrong guess costs speed, never correctness. A piece that is not contiguous in host memory is a 2-D copy of rows,
-and narrow rows cross PCIe well below the contiguous rate (`ROW_FACTOR`).
+rates only steer the schedule, a wrong guess costs speed, never correctness. A piece that
+is not contiguous in host memory is a 2-D copy of rows, and narrow rows cross PCIe well
+below the contiguous rate (`ROW_FACTOR`).
 """
 
 from __future__ import annotations
@@ -132,7 +133,7 @@ def estimate_seconds(plan: GemmPlan, rates: Rates, depth: int = LONE_DEPTH,
 
     def run(t, kb, q0, q1):
         """Like DeviceWorker._gemm: the pieces' loads (whole panels: a strip's tile needs
-        all of its panel), then GEMMs over runs of them cut by clock.merged_end."""
+        all of its panel), then GEMMs over runs of them cut by merged_end."""
         pr = min(plan.tile_m, plan.m - t.i * plan.tile_m)
         pc = min(plan.tile_n, plan.n - t.j * plan.tile_n)
         ready = []
