@@ -6,9 +6,10 @@ the pieces it needs and accumulates C tiles; d2h copies finished tiles to the ho
 The host thread only enqueues; it blocks in one place, the flow control in `_loop`.
 
 Per tile: C loaded first when beta != 0; for each K block (direction alternating between
-tiles, so the blocks of the last tile are still cached): the GEMM over the pieces. Pieces
-loaded for this GEMM each get their own GEMM (it starts as soon as that piece lands);
-runs of pieces already on the device are merged into one GEMM.
+tiles, so the blocks of the last tile are still cached): the GEMMs over the pieces, cut
+where the device's clock (clock.py) says a GEMM would otherwise wait for a piece: pieces
+already on the device merge into one GEMM, and so do fresh pieces where the link runs
+ahead of compute. A strip of a tile (tiles.row_strips) multiplies its rows of the panel.
 
 A task of several tiles (one device holding everything: `plan.prologue`) first runs the
 first `prologue` pieces of K block 0 over all its tiles, piece-major (all of block 0 when it
