@@ -74,3 +74,21 @@ def test_a_budget_too_small_names_the_margin_taken_from_it(monkeypatch):
         matmul(A, B, devices="cpu", gpu_memory="1KiB", tile=4)
     msg = one_line(e)
     assert "too small" in msg and "gpu_memory=1.0 KiB given, less 924 B kept" in msg
+
+
+def test_default_budget_counts_the_allocators_cached_memory_as_free(monkeypatch):
+    """gpu_memory=None: the budget is the same whether the last product's arena is still
+    cached by torch's allocator or handed back to the driver (so the plan is the same)."""
+    import torch
+    from outcore.gemm.validate import resolve_budget
+    dev = [torch.device("cuda", 0)]
+    gib = 1 << 30
+    state = {"free": 100 * gib, "reserved": 0, "allocated": 0}
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda d: (state["free"], 140 * gib))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda d: state["reserved"])
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda d: state["allocated"])
+    before = resolve_budget(None, dev)
+    state.update(free=76 * gib, reserved=26 * gib, allocated=2 * gib)   # 24 GiB cached
+    assert resolve_budget(None, dev) == before
+    state.update(reserved=26 * gib, allocated=26 * gib)                 # in use: less
+    assert resolve_budget(None, dev) < before

@@ -142,7 +142,14 @@ def resolve_budget(gpu_memory, devices: list[torch.device]) -> int:
     budgets = []
     for d in devices:
         if d.type == "cuda":
-            free, _ = torch.cuda.mem_get_info(d)
+            # Free to this process: what the driver has free and what torch's allocator
+            # holds cached but unused (the last product's arena, among others). Counting
+            # the driver's figure alone, the budget shrank after each first product by its
+            # arena, and the next call searched a plan again for a smaller device. (Session
+            # 11 saw the first timed product after a warm-up run 7-50% slower than the ones
+            # after it; whether this was the cause is not measured.)
+            free = torch.cuda.mem_get_info(d)[0] + torch.cuda.memory_reserved(d) - \
+                torch.cuda.memory_allocated(d)
             if given is not None and given > free:
                 raise OutcoreError(f"gpu_memory={fmt_bytes(given)} but {d} has only "
                                    f"{fmt_bytes(free)} free: lower gpu_memory")
