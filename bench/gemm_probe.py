@@ -6,9 +6,10 @@ per-stream timeline of one product.
 
 First the in-core rate of each tile shape's GEMM (KERNELS). Then for each case of CASES,
 each plan variant is timed (median of 3 after a warm-up); then the default plan's product
-runs once under torch.profiler, and the trace is reduced per CUDA stream: busy seconds, span, the copies' achieved GB/s, and for
-the stream that runs the GEMMs the idle time before its first kernel, inside its span and
-after its last kernel. Writes bench/results/gemm-probe-<machine>.json.
+runs once under torch.profiler, and the trace is reduced per CUDA stream: busy seconds,
+span, the copies' achieved GB/s, and for the stream that runs the GEMMs the idle time
+before its first kernel, inside its span and after its last kernel. Writes
+bench/results/gemm-probe-<machine>.json.
 """
 
 from __future__ import annotations
