@@ -60,7 +60,8 @@ def one_part(doc: dict, which: str = "last") -> dict:
     if not 0 <= k < len(parts):
         raise SystemExit(f"@{which}: the file has parts 0 to {len(parts) - 1}")
     doc.pop("merged_by", None)
-    doc.pop("summary", None)
+    if k != len(parts) - 1:
+        doc.pop("summary", None)   # the top level's is the newest command's, not part k's
     doc.update(parts[k])
     doc["runs"] = [{key: v for key, v in r.items() if key != "part"}
                    for r in doc["runs"] if r.get("part") == k]
