@@ -93,6 +93,16 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
                   (90, PY + [B + "diag/gemm_order.py"]),
                   (330, PY + [B + "stream.py", "--cases", "3b-64k", "--compiled", "--largest",
                               "0", "--skip-tests", "--append", "--timeout", "170"])],
+    # nvidia-h200: do two tile GEMMs on two streams beat one after the other (gemm's
+    # compute-bound cases)? Then the largest row with the default
+    "s12-a": [(120, PY + [B + "diag/gemm_streams.py"]),
+              (330, PY + [B + "stream.py", "--cases", "", "--skip-tests", "--out",
+                          "stream-h200-s12-largest"])],
+    # nvidia-h200: 7b-16k with all three systems (the record's row is session 8's, and its
+    # FSDP2 ran past 170 s)
+    "s12-7b": [(560, PY + [B + "stream.py", "--cases", "7b-16k", "--compiled", "--largest",
+                           "0", "--skip-tests", "--timeout", "260", "--out",
+                           "stream-h200-s12-7b"])],
     # nvidia-h200: the gemm bench under a time budget
     "gemm-bench": [(260, PY + [B + "gemm.py", "--budget-s", "150", "--out",
                                "gemm-h200-next"])],
