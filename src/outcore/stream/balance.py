@@ -8,11 +8,12 @@ and rest after the first, compile-slowed steps (stream-h200-session7.json): the 
 became h2d-bound (about 44 GB in at ~50 GB/s against 0.67 s of compute), 1.038 s.
 
 The `balance` policy (the default since session 8: 0.885 s there with 7 groups,
-stream-h200.json) instead predicts a step from its queues (compute, overlapped with the
-longest of h2d bytes / link rate, d2h bytes / link rate and CPU-updated params / the
-CPU's measured AdamW rate), plus what the CPU AdamW holds it up (cpu_lateness), for
-every prefix of the candidate order and keeps the shortest, moving groups either way.
-The rates only steer: a wrong one costs speed.
+stream-h200.json) instead predicts a step for every prefix of the candidate order and
+keeps the shortest, moving groups either way. Its model (MODEL) is stream/simulate.py's
+step played block by block since session 12; before, it was `predict` here, the step's
+queues (compute, overlapped with the longest of h2d bytes / link rate, d2h bytes / link
+rate and CPU-updated params / the CPU's measured AdamW rate) plus what the CPU AdamW
+holds it up (cpu_lateness). The rates only steer: a wrong one costs speed.
 """
 
 from __future__ import annotations
@@ -29,6 +30,13 @@ LINK_BPS = 42.5e9
 # none): DESIGN.md's 2.5 G params/s on the H200's 16 cores while copies run both ways.
 CPU_PRIOR = 2.5e9
 HYSTERESIS = 0.97   # a new choice must predict a step at least 3% shorter
+# The planner's model of a step: "simulate" (stream/simulate.py, block by block; the
+# default since session 12) or "queues" (predict below). With the fused host copies at
+# 3b-16k on the H200 the queues model picked 13-15 device groups where it measured a
+# rate of 3.2 G params/s, predicting 0.76 s; those steps took 0.896-0.937 s against
+# 0.854-0.869 s with 11 groups (stream-h200-s10*.json, -s11.json, -s12-omp*.json). The
+# simulation predicts 0.859 s for 11 groups and 0.896 s for 13, and picks 9-10.
+MODEL = "simulate"
 # Compute and copies overlap imperfectly: a step is (compute^K + copies^K)^(1/K), not the
 # larger of the two. K = 4 fit the 26 outcore rows of bench/results/stream-h200*.json
 # without host copies or held updates (sessions 1-8, eager and compiled, 1-23 device
@@ -136,19 +144,34 @@ def predict(numels, device, copy_mode, n_slots, rates: Rates,
 
 def choose(numels, order: list[int], current: set[int], copy_mode, n_slots,
            rates: Rates, cap: int | None = None, kept: int = 0,
-           grad_bytes: int = 4) -> set[int]:
+           grad_bytes: int = 4, step=None) -> set[int]:
     """The prefix of `order` with the shortest predicted step (the fewest groups among
-    equals); `current` unless that predicts at least 1 - HYSTERESIS shorter."""
+    equals); `current` unless that predicts at least 1 - HYSTERESIS shorter. step: the
+    model, device groups -> seconds (default: predict with these arguments)."""
+    if step is None:
+        def step(d: set[int]) -> float:
+            return predict(numels, d, copy_mode, n_slots, rates, cap, kept=kept,
+                           grad_bytes=grad_bytes)
     best, best_s = set(), None
     for j in range(len(order) + 1):
         d = set(order[:j])
-        s = predict(numels, d, copy_mode, n_slots, rates, cap, kept=kept,
-                    grad_bytes=grad_bytes)
+        s = step(d)
         if best_s is None or s < best_s * (1 - 1e-9):
             best, best_s = d, s
-    now = predict(numels, current, copy_mode, n_slots, rates, cap, kept=kept,
-                  grad_bytes=grad_bytes)
-    return best if best_s < HYSTERESIS * now else set(current)
+    return best if best_s < HYSTERESIS * step(set(current)) else set(current)
+
+
+def step_model(numels, copy_mode, n_slots, rates: Rates, cap: int | None, kept: int,
+               grad_bytes: int):
+    """MODEL's step of a set of device groups (-> seconds). The simulation has no cap on
+    staged gradients and no "device" copy mode: the queues model serves those."""
+    if MODEL == "simulate" and copy_mode in (None, "all"):
+        from .simulate import simulate   # imports this module
+        return lambda d: simulate(numels, d, n_slots, rates, kept=kept,
+                                  cpu_load_bytes=2 if copy_mode else 4,
+                                  cpu_grad_bytes=grad_bytes, copies=copy_mode == "all")
+    return lambda d: predict(numels, d, copy_mode, n_slots, rates, cap, kept=kept,
+                             grad_bytes=grad_bytes)
 
 
 class Balancer:
@@ -173,8 +196,10 @@ class Balancer:
         cap = None if e.hold_updates else e.max_staged_grads
         order = self.u.candidates()
         kept = e.keep.capacity_blocks() if e.keep.enabled else 0
+        model = step_model(numels, e.copy_mode, len(e.cache.slots), rates, cap, kept,
+                           e.stats.cpu_grad_bytes)
         want = choose(numels, order, self.u.groups, e.copy_mode, len(e.cache.slots), rates,
-                      cap, kept, e.stats.cpu_grad_bytes)
+                      step=model)
         added = self.u.affordable([g for g in order if g in want and g not in self.u.groups])
         back = sorted(self.u.groups - want)
         self.u.enable(added)
@@ -183,8 +208,7 @@ class Balancer:
             # the device wrote them back on the d2h stream before that gradient's copy.
             self.u.groups.discard(g)
         if added or back:
-            s = predict(numels, self.u.groups, e.copy_mode, len(e.cache.slots), rates, cap,
-                        kept=kept, grad_bytes=e.stats.cpu_grad_bytes)
+            s = model(set(self.u.groups))
             self.log.append({"step": e.step_count, "added": added, "back": back,
                              "predicted_s": s, "cpu_params_per_s": self.cpu_rate,
                              "compute_s": compute_s, "kept_capacity": kept})

@@ -11,7 +11,8 @@ model plays one step on four resources, block by block:
            in backward)
   h2d      a block's weights (4 B/param; none when in a slot or kept) and a device group's
            m, v (8 B/param), loaded at most PREFETCH blocks ahead of the compute
-  d2h      a CPU group's gradient (4 B/param, or 2 in bf16) or a device group's master, m, v (12)
+  d2h      a CPU group's gradient (4 B/param, or 2 in bf16) or a device group's master, m, v (12;
+           14 with the 16-bit copy)
            after its backward; a block's backward waits until the gradient buffer it
            reuses (a ring of RING) has been copied out
   cpu      the CPU AdamW of each CPU group once its gradient is on the host, in arrival
@@ -32,12 +33,15 @@ STEPS = 3
 
 
 def simulate(numels: list[int], device: set[int], n_slots: int, rates: Rates,
-             kept: int = 0, cpu_load_bytes: int = 4, cpu_grad_bytes: int = 4) -> float:
+             kept: int = 0, cpu_load_bytes: int = 4, cpu_grad_bytes: int = 4,
+             copies: bool = False) -> float:
     """Seconds of one steady step (see the module docstring). numels[0] is rest (resident,
     reloaded after a CPU update); kept: device blocks whose forward loads nothing, as in
     balance.traffic; cpu_load_bytes: bytes per param a CPU-updated block's loads carry (2
     with host_weight_copy, whose CPU AdamW rate the caller lowers by the cast's cost);
-    cpu_grad_bytes: a CPU-updated block's gradient out (2 where flow.half_grad)."""
+    cpu_grad_bytes: a CPU-updated block's gradient out (2 where flow.half_grad); copies:
+    every block keeps a 16-bit copy on the host (copy mode "all"): a device block's
+    forward loads it (2 B/param) and its write-back sends it too (14 B/param out)."""
     n = len(numels)
     blocks = list(range(1, n))
     total = sum(numels[1:]) or 1
@@ -61,7 +65,7 @@ def simulate(numels: list[int], device: set[int], n_slots: int, rates: Rates,
                 ready = 0.0
             else:
                 may = done[i - PREFETCH] if i >= PREFETCH else start
-                nbytes = 4 if g in device else cpu_load_bytes
+                nbytes = (2 if copies else 4) if g in device else cpu_load_bytes
                 h2d = max(h2d, may, updated[g]) + nbytes * numels[g] / link
                 ready = h2d
             t = max(t, ready) + fwd[g]
@@ -79,7 +83,7 @@ def simulate(numels: list[int], device: set[int], n_slots: int, rates: Rates,
             begin = max(t, h2d if need else t, ring[i - RING] if i >= RING else 0.0)
             starts.append(begin)
             t = begin + bwd[g]
-            out = 12 if g in device else cpu_grad_bytes
+            out = (14 if copies else 12) if g in device else cpu_grad_bytes
             d2h = max(d2h, t) + out * numels[g] / link
             ring.append(d2h)
             if g in device:
