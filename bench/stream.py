@@ -85,6 +85,8 @@ def run_outcore(args) -> dict:
                          keep_weights=not args.no_keep_weights,
                          verbose=True)
     eng.runner.tail.enabled = not args.full_recompute
+    from outcore.stream import balance
+    balance.MODEL = args.balance_model   # the balance planner's model of a step
     eng.updater.order = args.update_order   # which groups' AdamW moves to the GPU first
     if args.gpu_updates.isdigit():   # a fixed count: rest and N blocks in that order
         eng.updater.enable(eng.updater.candidates()[:int(args.gpu_updates) + 1])
@@ -379,6 +381,9 @@ def main() -> None:
     ap.add_argument("--update-order", default="tail", choices=["tail", "interleave"],
                     help="outcore: which groups' AdamW moves to the GPU first (A/B of "
                     "DeviceUpdater.order)")
+    ap.add_argument("--balance-model", default="queues", choices=["queues", "simulate"],
+                    help="outcore: the balance planner's model of a step (A/B of "
+                    "stream/balance.MODEL; session 12 ran 'simulate')")
     ap.add_argument("--full-recompute", action="store_true", help="outcore recomputes each "
                     "block's last projection too (A/B of stream/tail.py)")
     ap.add_argument("--profile", action="store_true", help="also profile two steps of "
@@ -415,10 +420,11 @@ def main() -> None:
              "--max-extra-warmup", str(args.max_extra_warmup),
              "--gpu-memory", args.gpu_memory, "--held-gpu-updates", args.held_gpu_updates,
              "--update-order", args.update_order, "--tune-trials", str(args.tune_trials),
-             "--gpu-updates", args.gpu_updates] \
+             "--gpu-updates", args.gpu_updates, "--balance-model", args.balance_model] \
         + (["--clip", str(args.clip)] if args.clip else []) \
         + switches(args, ("profile",) + OUTCORE_SWITCHES) + model_flags(args)
-    for k in ("clip", "held_gpu_updates", "update_order", "gpu_updates") + OUTCORE_SWITCHES \
+    for k in ("clip", "held_gpu_updates", "update_order", "gpu_updates",
+              "balance_model") + OUTCORE_SWITCHES \
             + MODEL_SWITCHES:
         doc[k] = getattr(args, k)
     if not args.skip_tests:

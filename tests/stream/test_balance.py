@@ -120,3 +120,22 @@ def test_device_copies_change_only_the_device_blocks():
     assert copied[0] - plain[0] == -2 * K + 4 * K
     assert copied[1] - plain[1] == 2 * K
     assert copied[2] == plain[2]
+
+
+def test_the_simulated_model_chooses_the_shortest_simulated_step(monkeypatch):
+    """balance.MODEL = "simulate": the planner's choice is the prefix whose step
+    stream/simulate.py plays shortest (the queues model is what serves a staged-gradient
+    cap it cannot see and the 'device' copy mode)."""
+    from outcore.stream.simulate import simulate
+    numels = [2 * K] + [K] * 6
+    order = list(range(7))
+    rates = Rates(compute_s=1e-3, cpu_params_per_s=2e6, link_bps=2e6)
+    monkeypatch.setattr(balance, "MODEL", "simulate")
+    model = balance.step_model(numels, None, 3, rates, None, 0, 4)
+    got = choose(numels, order, set(), None, 3, rates, step=model)
+    steps = [simulate(numels, set(order[:j]), 3, rates) for j in range(8)]
+    assert simulate(numels, got, 3, rates) == pytest.approx(min(steps))
+    assert model(got) == pytest.approx(min(steps))
+    # the 'device' copy mode has no simulation: the queues model
+    queues = balance.step_model(numels, "device", 3, rates, None, 0, 4)
+    assert queues({0, 1}) == pytest.approx(predict(numels, {0, 1}, "device", 3, rates))

@@ -9,11 +9,11 @@ became h2d-bound (about 44 GB in at ~50 GB/s against 0.67 s of compute), 1.038 s
 
 The `balance` policy (the default since session 8: 0.885 s there with 7 groups,
 stream-h200.json) instead predicts a step for every prefix of the candidate order and
-keeps the shortest, moving groups either way. Its model (MODEL) is stream/simulate.py's
-step played block by block since session 12; before, it was `predict` here, the step's
-queues (compute, overlapped with the longest of h2d bytes / link rate, d2h bytes / link
-rate and CPU-updated params / the CPU's measured AdamW rate) plus what the CPU AdamW
-holds it up (cpu_lateness). The rates only steer: a wrong one costs speed.
+keeps the shortest, moving groups either way. Its model (MODEL) is `predict` here, the
+step's queues (compute, overlapped with the longest of h2d bytes / link rate, d2h bytes /
+link rate and CPU-updated params / the CPU's measured AdamW rate) plus what the CPU
+AdamW holds it up (cpu_lateness); stream/simulate.py's step played block by block is the
+opt-in alternative. The rates only steer: a wrong one costs speed.
 """
 
 from __future__ import annotations
@@ -30,13 +30,16 @@ LINK_BPS = 42.5e9
 # none): DESIGN.md's 2.5 G params/s on the H200's 16 cores while copies run both ways.
 CPU_PRIOR = 2.5e9
 HYSTERESIS = 0.97   # a new choice must predict a step at least 3% shorter
-# The planner's model of a step: "simulate" (stream/simulate.py, block by block; the
-# default since session 12) or "queues" (predict below). With the fused host copies at
-# 3b-16k on the H200 the queues model picked 13-15 device groups where it measured a
-# rate of 3.2 G params/s, predicting 0.76 s; those steps took 0.896-0.937 s against
-# 0.854-0.869 s with 11 groups (stream-h200-s10*.json, -s11.json, -s12-omp*.json). The
-# simulation predicts 0.859 s for 11 groups and 0.896 s for 13, and picks 9-10.
-MODEL = "simulate"
+# The planner's model of a step: "queues" (predict below; the default) or "simulate"
+# (stream/simulate.py, block by block; opt-in). With the fused host copies at 3b-16k on
+# the H200 the queues model picked 13-15 device groups where it measured a CPU rate near
+# 3.2 G params/s, predicting 0.76 s; those steps took 0.896-0.937 s (stream-h200-s11.json,
+# -s12-omp12/14.json), against 0.854-0.869 s where it stopped at 11 (-s10*.json,
+# -s12-omp16.json). The simulation fits those rows better (0.859 s for 11 groups, 0.896
+# for 13), but as the planner's model (session 12, stream-h200-s12-sim.json) it chose 8
+# and then 10 groups, predicted 0.874 s and measured 0.913 s (0.933 by the mean), against
+# in-memory PyTorch's 0.799 in the same run: no better, so it stays opt-in.
+MODEL = "queues"
 # Compute and copies overlap imperfectly: a step is (compute^K + copies^K)^(1/K), not the
 # larger of the two. K = 4 fit the 26 outcore rows of bench/results/stream-h200*.json
 # without host copies or held updates (sessions 1-8, eager and compiled, 1-23 device
