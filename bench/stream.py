@@ -87,6 +87,7 @@ def run_outcore(args) -> dict:
     eng.runner.tail.enabled = not args.full_recompute
     from outcore.stream import balance
     balance.MODEL = args.balance_model   # the balance planner's model of a step
+    balance.CPU_RATE = args.cpu_rate      # and the CPU rate it plans with
     eng.updater.order = args.update_order   # which groups' AdamW moves to the GPU first
     if args.gpu_updates.isdigit():   # a fixed count: rest and N blocks in that order
         eng.updater.enable(eng.updater.candidates()[:int(args.gpu_updates) + 1])
@@ -384,6 +385,9 @@ def main() -> None:
     ap.add_argument("--balance-model", default="queues", choices=["queues", "simulate"],
                     help="outcore: the balance planner's model of a step (A/B of "
                     "stream/balance.MODEL; session 12 ran 'simulate')")
+    ap.add_argument("--cpu-rate", default="best", choices=["best", "last"],
+                    help="outcore: the CPU AdamW rate the balance planner uses, the highest "
+                    "measured or the last (A/B of stream/balance.CPU_RATE)")
     ap.add_argument("--full-recompute", action="store_true", help="outcore recomputes each "
                     "block's last projection too (A/B of stream/tail.py)")
     ap.add_argument("--profile", action="store_true", help="also profile two steps of "
@@ -420,11 +424,12 @@ def main() -> None:
              "--max-extra-warmup", str(args.max_extra_warmup),
              "--gpu-memory", args.gpu_memory, "--held-gpu-updates", args.held_gpu_updates,
              "--update-order", args.update_order, "--tune-trials", str(args.tune_trials),
-             "--gpu-updates", args.gpu_updates, "--balance-model", args.balance_model] \
+             "--gpu-updates", args.gpu_updates, "--balance-model", args.balance_model,
+             "--cpu-rate", args.cpu_rate] \
         + (["--clip", str(args.clip)] if args.clip else []) \
         + switches(args, ("profile",) + OUTCORE_SWITCHES) + model_flags(args)
     for k in ("clip", "held_gpu_updates", "update_order", "gpu_updates",
-              "balance_model") + OUTCORE_SWITCHES \
+              "balance_model", "cpu_rate") + OUTCORE_SWITCHES \
             + MODEL_SWITCHES:
         doc[k] = getattr(args, k)
     if not args.skip_tests:

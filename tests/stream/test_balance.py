@@ -139,3 +139,24 @@ def test_the_simulated_model_chooses_the_shortest_simulated_step(monkeypatch):
     # the 'device' copy mode has no simulation: the queues model
     queues = balance.step_model(numels, "device", 3, rates, None, 0, 4)
     assert queues({0, 1}) == pytest.approx(predict(numels, {0, 1}, "device", 3, rates))
+
+
+@pytest.mark.parametrize("mode,want", [("best", [[], [], []]),
+                                       ("last", [[], [0, 1], [0, 1, 2, 3, 4]])])
+def test_the_planner_keeps_the_highest_cpu_rate_it_measured(monkeypatch, mode, want):
+    """CPU_RATE = "best": a lower rate measured later (on the H200, under the copies of the
+    groups already moved) moves no more groups; "last" follows it."""
+    monkeypatch.setattr(balance, "LINK_BPS", 1e9)
+    monkeypatch.setattr(balance, "CPU_RATE", mode)
+    model, _, _ = model_ref_batches("decoder", steps=1)
+    eng = outcore.Engine(model, optimizer=outcore.AdamW(lr=LR, eps=EPS, weight_decay=WD),
+                         device="cpu", gpu_updates=0)
+    planner = balance.Balancer(eng.updater)
+    n = sum(g.numel for g in eng.groups)
+    got = []
+    for busy_s in (1e-4, 1e-3, 1e-2):   # the CPU's measured rate falls 10x each time
+        planner.plan(1e-4, busy_s, n)
+        got.append(sorted(eng.updater.groups))
+    assert got == want
+    assert planner.cpu_rate == pytest.approx(n / (1e-4 if mode == "best" else 1e-2))
+    eng.close()

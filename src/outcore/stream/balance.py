@@ -40,6 +40,16 @@ HYSTERESIS = 0.97   # a new choice must predict a step at least 3% shorter
 # and then 10 groups, predicted 0.874 s and measured 0.913 s (0.933 by the mean), against
 # in-memory PyTorch's 0.799 in the same run: no better, so it stays opt-in.
 MODEL = "queues"
+# Which measured CPU AdamW rate the planner uses: "best" (the highest so far; the default
+# since session 12) or "last". A rate measured after groups moved to the device is lower
+# (3.5-4.0 G params/s with every group on the CPU, 2.8-3.2 after; the device groups'
+# copies share host DRAM with the CPU AdamW), and the models charge those copies to the
+# link already: with "last" the planner moved 2-4 more groups on that lower rate in five
+# of eight 3b-16k runs on the H200, and those ran 0.896-0.937 s a step (means 0.918-0.945)
+# against 0.854-0.869 s (means 0.878-0.899) in the three that kept the first choice
+# (bench/NOTES.md, session 12). Replayed on their logs, "best" keeps the first choice in
+# all five.
+CPU_RATE = "best"
 # Compute and copies overlap imperfectly: a step is (compute^K + copies^K)^(1/K), not the
 # larger of the two. K = 4 fit the 26 outcore rows of bench/results/stream-h200*.json
 # without host copies or held updates (sessions 1-8, eager and compiled, 1-23 device
@@ -179,18 +189,22 @@ def step_model(numels, copy_mode, n_slots, rates: Rates, cap: int | None, kept: 
 
 class Balancer:
     """DeviceUpdater.policy = "balance": re-chooses the device groups after each planned
-    step from that step's compute time and the CPU's AdamW rate (the last one measured;
-    CPU_PRIOR until one is: a step with no CPU-updated group measures none)."""
+    step from that step's compute time and the CPU's AdamW rate (CPU_RATE: the highest
+    measured, or the last; CPU_PRIOR until one is measured: a step with no CPU-updated
+    group measures none)."""
 
     def __init__(self, updater):
         self.u = updater
         self.cpu_rate = CPU_PRIOR
+        self.measured = 0.0   # the highest CPU rate measured so far
         self.log: list[dict] = []
 
     def plan(self, compute_s: float, cpu_busy_s: float, cpu_params: int) -> list[int]:
         """The groups moved to the device (those handed back are in `log`)."""
         if cpu_busy_s > 0 and cpu_params > 0:
-            self.cpu_rate = cpu_params / cpu_busy_s
+            rate = cpu_params / cpu_busy_s
+            self.measured = max(self.measured, rate)
+            self.cpu_rate = self.measured if CPU_RATE == "best" else rate
         if self.cpu_rate <= 0 or compute_s <= 0:
             return []
         e = self.u.e
