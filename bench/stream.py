@@ -385,7 +385,7 @@ def main() -> None:
     ap.add_argument("--balance-model", default="queues", choices=["queues", "simulate"],
                     help="outcore: the balance planner's model of a step (A/B of "
                     "stream/balance.MODEL; session 12 ran 'simulate')")
-    ap.add_argument("--cpu-rate", default="best", choices=["best", "last"],
+    ap.add_argument("--cpu-rate", default="last", choices=["last", "best"],
                     help="outcore: the CPU AdamW rate the balance planner uses, the highest "
                     "measured or the last (A/B of stream/balance.CPU_RATE)")
     ap.add_argument("--full-recompute", action="store_true", help="outcore recomputes each "
