@@ -62,9 +62,10 @@ def test_a_small_gain_keeps_the_current_groups():
 @pytest.mark.parametrize("link,start,want", [(1e3, "all", "fewer"), (1e15, "none", "all")])
 def test_training_equals_plain_pytorch_while_groups_move(monkeypatch, link, start, want):
     """On the CPU ('balance' plans only on CUDA unless forced): groups handed back to the
-    CPU after steps on the device (a slow link: the simulated step keeps rest and block 1,
-    whose updates the next forward needs first), or all moved to the device (a fast link,
-    a slow CPU): the same losses and weights as plain PyTorch."""
+    CPU after steps on the device (a slow link: all of them with the queues model, the
+    default; MODEL = "simulate" keeps rest and block 1, whose updates the next forward
+    needs first), or all moved to the device (a fast link, a slow CPU): the same losses
+    and weights as plain PyTorch."""
     monkeypatch.setattr(balance, "LINK_BPS", link)
     model, ref, batches = model_ref_batches("decoder", steps=6)
     want_losses = plain_steps(ref, batches, None, None)
