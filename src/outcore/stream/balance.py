@@ -42,14 +42,14 @@ HYSTERESIS = 0.97   # a new choice must predict a step at least 3% shorter
 MODEL = "queues"
 # Which measured CPU AdamW rate the planner uses: "last" (the default) or "best" (the
 # highest so far; opt-in, written in session 12 when no device time was left to run it).
-# A rate measured after groups moved to the device is lower (3.5-4.0 G params/s with
-# every group on the CPU, 2.8-3.2 after: the device groups' copies share host DRAM with
-# the CPU AdamW), and the models charge those copies to the link already. On that lower
-# rate the planner moved 2-4 more groups in five of eight 3b-16k runs on the H200, which
-# ran 0.896-0.937 s a step (means 0.918-0.945) against 0.854-0.869 s (means 0.878-0.899)
-# in the three that kept their first choice (bench/NOTES.md, session 12; two of the five
-# also ran with fewer CPU threads, one with the simulated model). Replayed on their logs,
-# "best" keeps the first choice in all five. Unmeasured as a setting: an A/B decides.
+# A rate measured after groups moved to the device is lower (by 6-26% in the runs below:
+# the device groups' copies share host DRAM with the CPU AdamW), and the models charge
+# those copies to the link already. On that lower
+# rate the planner moved more groups in eight of twelve 3b-16k runs on the H200
+# (sessions 8-12), which took 0.865-0.939 s a step (means 0.889-0.961), against
+# 0.854-0.885 s (means 0.878-0.902) in the four that kept their first choice; the runs
+# differ in more than that (copies, threads, kept weights). bench/balance_replay.py
+# replays those later plans: with "best" none adds a group. Unmeasured as a setting.
 CPU_RATE = "last"
 # Compute and copies overlap imperfectly: a step is (compute^K + copies^K)^(1/K), not the
 # larger of the two. K = 4 fit the 26 outcore rows of bench/results/stream-h200*.json

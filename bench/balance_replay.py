@@ -1,0 +1,107 @@
+#!/usr/bin/env python3
+"""The balance planner's later moves at 3b-16k, replayed with the CPU rate it plans with.
+
+    PYTHONPATH=src python3 bench/balance_replay.py        # CPU, a second; reads bench/results
+
+For every outcore 3b-16k row of bench/results/stream-h200*.json whose balance planner
+logged a move after its first one (`balance_log`), this replays each later plan with the
+queues model (balance.choose, the default MODEL) from the groups the planner held, with the
+logged compute time and kept capacity, twice: with the CPU AdamW rate that step measured
+(balance.CPU_RATE = "last", what the run did) and with the highest rate measured up to
+that step ("best"). It prints the groups each would hold, the row's step and mean step, and
+the rows whose planner made only its first move, for comparison. Writes nothing.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+from balance_fit import SLOTS, STAGED_GRADS, group_numels  # noqa: E402
+
+from outcore.stream import balance  # noqa: E402
+
+
+# planned with stream/simulate.py (session 12, before bench/stream.py recorded the model)
+SIMULATED = {"stream-h200-s12-sim.json"}
+
+
+def runs(case: str = "3b-16k") -> list[dict]:
+    """outcore rows of `case` with a balance log of the queues model, one per (case,
+    step) (the same run merged into several files counts once)."""
+    out, seen = [], set()
+    for path in sorted(glob.glob(str(common.RESULTS / "stream-h200*.json"))):
+        doc = json.loads(open(path).read())
+        if os.path.basename(path) in SIMULATED or \
+                doc.get("balance_model", "queues") != "queues":
+            continue
+        for r in doc.get("runs", []):
+            key = (r.get("case"), round(r.get("step_s", 0), 4))
+            if r.get("system") != "outcore" or r.get("case") != case \
+                    or not r.get("balance_log") or key in seen:
+                continue
+            seen.add(key)
+            # rows before session 10 do not say; their command does (their part's, in a
+            # file joined from several commands)
+            # (--append leaves the first part's rows untagged)
+            head = doc["parts"][r.get("part", 0)] if doc.get("parts") else doc
+            flag = r.get("host_weight_copy")
+            copies = flag in ("fused", "all", "True", True) if flag is not None else any(
+                f in head.get("command", "") for f in ("--host-weight-copy", "--fused-copy"))
+            out.append(dict(r, file=os.path.basename(path), copies=copies))
+    return out
+
+
+def replay(r: dict, numels: list[int]) -> list[dict]:
+    """Each later plan of row r, as run ("last") and with the highest rate so far."""
+    log = r["balance_log"]
+    copies = "all" if r["copies"] else None
+    grad_bytes = 2 if copies else 4
+    order = list(range(len(numels)))   # the default "tail" order: rest, 1, 2, ...
+    held = set(log[0]["added"])
+    best = log[0]["cpu_params_per_s"]
+    out = []
+    for entry in log[1:]:
+        best = max(best, entry["cpu_params_per_s"])
+        got = {}
+        for mode, rate in (("last", entry["cpu_params_per_s"]), ("best", best)):
+            rates = balance.Rates(entry["compute_s"], rate, balance.LINK_BPS)
+            got[mode] = choose_from(numels, order, held, copies, rates,
+                                    entry.get("kept_capacity"), grad_bytes)
+        out.append({"file": r["file"], "step": entry["step"], "held": len(held),
+                    "logged": len(held | set(entry["added"])) - len(entry["back"]),
+                    "last": len(got["last"]), "best": len(got["best"])})
+        held = (held | set(entry["added"])) - set(entry["back"])
+    return out
+
+
+def choose_from(numels, order, held, copies, rates, kept, grad_bytes) -> set[int]:
+    return balance.choose(numels, order, held, copies, SLOTS, rates, STAGED_GRADS, kept or 0,
+                          grad_bytes)
+
+
+def main() -> int:
+    numels = group_numels("3b")
+    rows, moved, stayed = [], [], []
+    for r in runs():
+        steps = replay(r, numels)
+        rows += steps
+        (moved if steps else stayed).append(
+            {"file": r["file"], "groups": len(r.get("device_updated_groups") or []),
+             "step_s": r["step_s"], "mean_step_s": r.get("window_step_s"),
+             "copies": r["copies"]})
+    print("later plans, replayed (groups held after each):")
+    print(common.table(rows, ["file", "step", "held", "logged", "last", "best"]))
+    print("rows whose planner moved again:")
+    print(common.table(moved, ["file", "groups", "copies", "step_s", "mean_step_s"]))
+    print("rows whose planner kept its first choice:")
+    print(common.table(stayed, ["file", "groups", "copies", "step_s", "mean_step_s"]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
