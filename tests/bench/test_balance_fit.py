@@ -1,21 +1,15 @@
 """bench/balance_fit.py: the balance model's overlap exponent against the measured rows
 in bench/results (what stream/balance.py's OVERLAP_K comment claims)."""
 
-import importlib.util
 import math
-import os
 
 from outcore.stream import balance
 
-BENCH = os.path.join(os.path.dirname(__file__), "..", "..", "bench")
+from .test_stream_append import load_stream_bench
 
 
 def load():
-    spec = importlib.util.spec_from_file_location("balance_fit",
-                                                  os.path.join(BENCH, "balance_fit.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_stream_bench("balance_fit")
 
 
 def rms(rows, k, fit):

@@ -1,18 +1,11 @@
 """bench/balance_replay.py: what stream/balance.py's CPU_RATE comment claims of the H200
 runs in bench/results (the planner's later moves, replayed with each CPU rate)."""
 
-import importlib.util
-import os
-
-BENCH = os.path.join(os.path.dirname(__file__), "..", "..", "bench")
+from .test_stream_append import load_stream_bench
 
 
 def load():
-    spec = importlib.util.spec_from_file_location("balance_replay",
-                                                  os.path.join(BENCH, "balance_replay.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_stream_bench("balance_replay")
 
 
 def test_the_highest_rate_adds_no_group_where_the_last_one_did():
