@@ -11,7 +11,8 @@ measured rate (balance_log, the balance planner's rows); the earlier rows logged
 their planner had moved groups until the step stopped waiting for the CPU, so only their
 copies count. The table compares the prediction with the row's mean step (window_step_s,
 else step_s), and so does stream/simulate.py's block-by-block step. Prints the rows and
-the error per K and of the simulation; writes nothing.
+the error per K and of the simulation; then the same for the rows with the fused host
+copies (session 10 on), counted with 16-bit loads and gradients. Writes nothing.
 """
 
 from __future__ import annotations
@@ -44,15 +45,18 @@ def group_numels(size: str) -> list[int]:
     return [sum(p.numel() for p in m.parameters()) - sum(blocks)] + blocks
 
 
-def rows() -> list[dict]:
+def rows(fused: bool = False) -> list[dict]:
+    """The rows without host copies, or (fused) those with the fused copies (session 10
+    on: each row says so), which load 16-bit weights and send bf16 gradients."""
     out, seen, shapes = [], set(), {}
     for path in sorted(glob.glob(str(common.RESULTS / "stream-h200*.json"))):
         doc = json.loads(open(path).read())
         for r in doc.get("runs", []):
+            plain = not (doc.get("host_weight_copy") or doc.get("fused_copy")) and \
+                r.get("host_weight_copy") in (None, "False")
             if (r.get("system") != "outcore" or r.get("case") not in CASES
                     or "compute_s" not in r or not r.get("device_updated_groups")
-                    or doc.get("host_weight_copy") or doc.get("fused_copy")
-                    or r.get("host_weight_copy") not in (None, "False")
+                    or (r.get("host_weight_copy") != "fused" if fused else not plain)
                     or r.get("held_gpu_updates") not in
                     (None, "0", 0)):
                 continue
@@ -64,22 +68,24 @@ def rows() -> list[dict]:
             numels = shapes.setdefault(size, group_numels(size))
             device = set(r["device_updated_groups"])
             kept = r.get("kept_blocks", 0)   # keep.py's blocks (session 9 on)
-            h2d, d2h, _ = balance.traffic(numels, device, None, SLOTS, kept)
+            mode, grad = ("all", 2) if fused else (None, 4)
+            h2d, d2h, _ = balance.traffic(numels, device, mode, SLOTS, kept, grad)
             log = r.get("balance_log") or []
             out.append({"file": os.path.basename(path), "case": r["case"],
                         "groups": len(device), "compute_s": r["compute_s"],
                         "copies_s": max(h2d, d2h) / balance.LINK_BPS,
                         "cpu_rate": log[-1]["cpu_params_per_s"] if log else 0.0,
                         "numels": numels, "device": device, "kept": kept,
+                        "copy_mode": mode, "grad_bytes": grad,
                         "mean_step_s": r.get("window_step_s") or r["step_s"]})
     return out
 
 
 def predicted(r: dict, k: float) -> float:
     """balance.predict for row r (the engine's default staged-gradient cap)."""
-    return balance.predict(r["numels"], r["device"], None, SLOTS,
+    return balance.predict(r["numels"], r["device"], r["copy_mode"], SLOTS,
                            balance.Rates(r["compute_s"], r["cpu_rate"]), STAGED_GRADS, k=k,
-                           kept=r["kept"])
+                           kept=r["kept"], grad_bytes=r["grad_bytes"])
 
 
 def error(r: dict, k: float) -> float:
@@ -88,19 +94,22 @@ def error(r: dict, k: float) -> float:
 
 def simulated(r: dict) -> float:
     """stream/simulate.py's step for row r (no fitted parameter)."""
+    copies = r["copy_mode"] == "all"
     return simulate(r["numels"], r["device"], SLOTS,
-                    balance.Rates(r["compute_s"], r["cpu_rate"]), kept=r["kept"])
+                    balance.Rates(r["compute_s"], r["cpu_rate"]), kept=r["kept"],
+                    cpu_load_bytes=2 if copies else 4, cpu_grad_bytes=r["grad_bytes"],
+                    copies=copies)
 
 
 def sim_error(r: dict) -> float:
     return (simulated(r) - r["mean_step_s"]) / r["mean_step_s"]
 
 
-def main() -> int:
-    rs = rows()
+def report(rs: list[dict], title: str) -> None:
     for r in rs:
         r["predicted_s"] = predicted(r, balance.OVERLAP_K)
         r["simulated_s"] = simulated(r)
+    print(title)
     print(common.table(rs, ["file", "case", "groups", "kept", "compute_s", "copies_s",
                             "cpu_rate", "predicted_s", "simulated_s", "mean_step_s"]))
     print(f"{len(rs)} rows; error of the predicted step against the mean step:")
@@ -112,6 +121,11 @@ def main() -> int:
     err = [sim_error(r) for r in rs]
     print(f"  simulated (stream/simulate.py): mean {sum(err) / len(err):+.1%}, rms "
           f"{math.sqrt(sum(e * e for e in err) / len(err)):.1%}")
+
+
+def main() -> int:
+    report(rows(), "rows without host copies:")
+    report(rows(fused=True), "\nrows with the fused host copies (session 10 on):")
     return 0
 
 

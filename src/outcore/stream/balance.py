@@ -35,8 +35,9 @@ HYSTERESIS = 0.97   # a new choice must predict a step at least 3% shorter
 # the H200 the queues model picked 13-15 device groups where it measured a CPU rate near
 # 3.2 G params/s, predicting 0.76 s; those steps took 0.896-0.937 s (stream-h200-s11.json,
 # -s12-omp12/14.json), against 0.854-0.869 s where it stopped at 11 (-s10*.json,
-# -s12-omp16.json). The simulation fits those rows better (0.859 s for 11 groups, 0.896
-# for 13), but as the planner's model (session 12, stream-h200-s12-sim.json) it chose 8
+# -s12-omp16.json). The simulation fits those rows better (4.0% rms over the 8 fused-copy
+# rows, against 14.6% for the queues model, bench/balance_fit.py; it puts 11 groups at
+# 0.86 s), but as the planner's model (session 12, stream-h200-s12-sim.json) it chose 8
 # and then 10 groups, predicted 0.874 s and measured 0.913 s (0.933 by the mean), against
 # in-memory PyTorch's 0.799 in the same run: no better, so it stays opt-in.
 MODEL = "queues"
