@@ -84,7 +84,8 @@ def whole_rate(compute: str, n: int) -> dict:
     a, b = _operands(compute, n, n, n)
     acc = torch.zeros(n, n, device="cuda")
     t = _time(lambda: mm_acc(acc, a, b, 1.0, 1.0))
-    return {"compute": compute, "m": n, "n": n, "k": n, "one_stream_tflops": 2.0 * n ** 3 / t / 1e12}
+    return {"compute": compute, "m": n, "n": n, "k": n,
+            "one_stream_tflops": 2.0 * n ** 3 / t / 1e12}
 
 
 def main() -> int:
