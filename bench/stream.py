@@ -83,6 +83,7 @@ def run_outcore(args) -> dict:
                          gpu_updates=_gpu_updates(args),
                          host_weight_copy=_copy_mode(args),
                          keep_weights=not args.no_keep_weights,
+                         block_slots=args.block_slots,
                          verbose=True)
     eng.runner.tail.enabled = not args.full_recompute
     from outcore.stream import balance
@@ -385,6 +386,8 @@ def main() -> None:
     ap.add_argument("--balance-model", default="queues", choices=["queues", "simulate"],
                     help="outcore: the balance planner's model of a step (A/B of "
                     "stream/balance.MODEL; session 12 ran 'simulate')")
+    ap.add_argument("--block-slots", type=int, default=3, help="outcore's Engine(block_slots"
+                    "=N): N - 2 blocks loaded ahead (opt-in since session 12, unmeasured)")
     ap.add_argument("--cpu-rate", default="last", choices=["last", "best"],
                     help="outcore: the CPU AdamW rate the balance planner uses, the highest "
                     "measured or the last (A/B of stream/balance.CPU_RATE)")
@@ -425,11 +428,11 @@ def main() -> None:
              "--gpu-memory", args.gpu_memory, "--held-gpu-updates", args.held_gpu_updates,
              "--update-order", args.update_order, "--tune-trials", str(args.tune_trials),
              "--gpu-updates", args.gpu_updates, "--balance-model", args.balance_model,
-             "--cpu-rate", args.cpu_rate] \
+             "--cpu-rate", args.cpu_rate, "--block-slots", str(args.block_slots)] \
         + (["--clip", str(args.clip)] if args.clip else []) \
         + switches(args, ("profile",) + OUTCORE_SWITCHES) + model_flags(args)
     for k in ("clip", "held_gpu_updates", "update_order", "gpu_updates",
-              "balance_model", "cpu_rate") + OUTCORE_SWITCHES \
+              "balance_model", "cpu_rate", "block_slots") + OUTCORE_SWITCHES \
             + MODEL_SWITCHES:
         doc[k] = getattr(args, k)
     if not args.skip_tests:

@@ -59,6 +59,16 @@ VARIANTS = {  # name: bench/stream.py flags (session 5's NOTES, "Next GPU sessio
     # after the AdamW (26% slower, as in session 8)
     "fused-copy": ["--fused-copy"],
     "no-copy": ["--no-host-weight-copy"],   # the default before session 10 ("auto" since)
+    # next (session 12, none run yet): the planner's CPU rate, its model, and 4 device slots
+    # (2 blocks loaded ahead) in the interleaved order, which stream/simulate.py puts at
+    # about 0.80 s against 0.85 for the default; the fixed count the fastest runs settled on
+    "best-rate": ["--cpu-rate", "best"],
+    "sim-model": ["--balance-model", "simulate"],
+    "slots4": ["--block-slots", "4"],
+    "slots4-i": ["--block-slots", "4", "--update-order", "interleave"],
+    "slots4-i-sim": ["--block-slots", "4", "--update-order", "interleave",
+                     "--balance-model", "simulate"],
+    "fixed-10": ["--gpu-updates", "10"],
 }
 
 

@@ -61,6 +61,10 @@ class ShardedEngine(Engine):
                            fill=self._fill)
 
     def _device_cache(self):
+        if self.block_slots != 3:
+            # the deeper prefetch of more slots would reorder this rank's all-gathers
+            raise OutcoreError(f"block_slots={self.block_slots} is for one process: leave "
+                               "it at 3 with distributed=True")
         return ShardedCache(self.lanes, self.host.padded, self.comm)
 
     # -- the user's view -------------------------------------------------------------

@@ -184,7 +184,8 @@ def step_model(numels, copy_mode, n_slots, rates: Rates, cap: int | None, kept: 
         from .simulate import simulate   # imports this module
         return lambda d: simulate(numels, d, n_slots, rates, kept=kept,
                                   cpu_load_bytes=2 if copy_mode else 4,
-                                  cpu_grad_bytes=grad_bytes, copies=copy_mode == "all")
+                                  cpu_grad_bytes=grad_bytes, copies=copy_mode == "all",
+                                  prefetch=n_slots - 1)
     return lambda d: predict(numels, d, copy_mode, n_slots, rates, cap, kept=kept,
                              grad_bytes=grad_bytes)
 

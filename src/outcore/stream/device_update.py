@@ -107,9 +107,12 @@ class DeviceUpdater:
                 if g and self._ring is None:
                     from .ring import Ring
                     block = self.e.cache.slots[0].buf.numel()
-                    self._ring = Ring(self.e.lanes, 2, 2 * block)
+                    # one m|v buffer per block backward may have in flight: the one
+                    # computing and those the runner prefetches (block_slots - 2)
+                    k = max(2, self.e.block_slots - 1)
+                    self._ring = Ring(self.e.lanes, k, 2 * block)
                     if self.e.host.copy[g] is not None:
-                        self._ring16 = Ring(self.e.lanes, 2, block, self.e.compute_dtype)
+                        self._ring16 = Ring(self.e.lanes, k, block, self.e.compute_dtype)
                         grew += self._ring16.bytes()
         grew += (self._ring.bytes() if self._ring is not None else 0) - before
         if grew and getattr(self.e, "_other_peak", None) is not None:

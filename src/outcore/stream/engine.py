@@ -38,6 +38,7 @@ from .accounting import StepAccounting
 from .flow import StepFlow
 from .keep import KeptWeights
 from .keep import check_option as check_keep
+from .device import check_slots
 from .materialize import lazy_fill
 from .ring import Ring
 from .optimizer import AdamW, GroupOptimizers
@@ -63,7 +64,7 @@ class Engine(StepFlow, StepAccounting):
                  skip_nonfinite: bool = False, distributed: bool | None = None,
                  held_gpu_updates: int | str | None = 0,
                  host_weight_copy: bool | str = "auto",
-                 keep_weights: bool = True,
+                 keep_weights: bool = True, block_slots: int = 3,
                  init=None, verbose: bool = False):
         self.device = resolve_device(device)
         if compute_dtype is None:
@@ -78,6 +79,7 @@ class Engine(StepFlow, StepAccounting):
         if max_grad_norm is not None and not max_grad_norm > 0:
             raise OutcoreError(f"max_grad_norm={max_grad_norm!r} must be > 0 or None")
         self.gpu_memory = parse_bytes(gpu_memory, "gpu_memory")
+        self.block_slots = check_slots(block_slots)
         self.compute_dtype = compute_dtype
         self.micro_batch_size = micro_batch_size
         self.max_grad_norm = max_grad_norm
@@ -200,7 +202,7 @@ class Engine(StepFlow, StepAccounting):
         return HostState(self.groups, pin=self.lanes.cuda, fill=self._fill)
 
     def _device_cache(self) -> DeviceCache:
-        return DeviceCache(self.lanes, [g.numel for g in self.groups])
+        return DeviceCache(self.lanes, [g.numel for g in self.groups], self.block_slots)
 
     # -- the user's view ---------------------------------------------------------
     @property

@@ -109,6 +109,14 @@ class StepFlow:
             self.stats.optimizer_wait_s += time.perf_counter() - t
             self.cache.prefetch(g, self.weight_source(g, False), self.host_ready.get(g))
 
+    def prefetch_ahead(self, g: int) -> None:
+        """Forward, block_slots > 3: start loading block g a few blocks early, unless it
+        is kept, its update from the last step is still pending (no host wait here: it
+        would hold back the blocks before g, which need nothing from it) or no slot is
+        free."""
+        if 0 < g < len(self.groups) and not self.keep.has(g) and not self.schedule.pending(g):
+            self.cache.prefetch(g, self.weight_source(g, False), self.host_ready.get(g))
+
     def prefetch_backward(self, g: int) -> None:
         if g >= 1:
             # `after`: a device-side update's write-back of g's master may be in flight

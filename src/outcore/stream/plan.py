@@ -9,14 +9,15 @@ from ..units import fmt_bytes
 def fixed_device_bytes(engine) -> int:
     """Device bytes that do not depend on the batch.
 
-    3 fp32 slots of the largest block + 3 fp32 gradient buffers (grad ring) + its
+    block_slots fp32 slots of the largest block + 3 fp32 gradient buffers (grad ring) + its
     compute-dtype cast and one compute-dtype gradient; `rest` in fp32 with its fp32
     gradient and a cast.
     """
     numels = [g.numel for g in engine.groups]
     block = max(numels[1:], default=0)
     c = 2 if engine.compute_dtype.itemsize == 2 else 4
-    return 3 * block * 4 + 3 * block * 4 + block * (c + c) + numels[0] * (4 + 4 + c)
+    slots = getattr(engine, "block_slots", 3)
+    return slots * block * 4 + 3 * block * 4 + block * (c + c) + numels[0] * (4 + 4 + c)
 
 
 def check_fits(engine) -> None:
@@ -45,7 +46,8 @@ def describe(engine) -> str:
         f"{' (written in the AdamW pass)' if copies and engine.cast_kernel else ''}"
         f" = {fmt_bytes(n * (16 if engine.hold_updates else 12) + copies)}",
         f"  device: {engine.device}, compute {str(engine.compute_dtype).replace('torch.', '')}, "
-        f"3 block slots + resident = {fmt_bytes(fixed_device_bytes(engine))} fixed"
+        f"{getattr(engine, 'block_slots', 3)} block slots + resident = "
+        f"{fmt_bytes(fixed_device_bytes(engine))} fixed"
         + (f", budget {fmt_bytes(engine.gpu_memory)}" if engine.gpu_memory else ""),
         f"  micro-batch: {engine.micro_batch_size or 'whole batch'}; activation checkpoints "
         "at block boundaries on the device while they fit, else pinned host memory"

@@ -54,6 +54,13 @@ class BlockRunner:
         self.tuple_len: dict[int, int | None] = {}
         self.inside = -1  # the block whose real forward is running (see install)
 
+    @property
+    def prefetch_depth(self) -> int:
+        """Blocks loaded ahead of the one computing: one slot computes, and of the others
+        one is left to the LRU (the blocks at each end of the step stay from forward to
+        backward): 1 with the default 3 slots."""
+        return max(1, len(self.e.cache.slots) - 2)
+
     # -- routing the blocks' forwards through the runner, for one step -------------
     def install(self) -> list:
         """Route each block's forward through BlockFn; returns what uninstall() restores."""
@@ -143,8 +150,11 @@ class BlockRunner:
         out = outs[0] if n == 1 else torch.cat(outs, dim=0)
         e.timer.stop(t)
         e.cache.release(g)
-        # Prefetch the next block while this one computes (its compute is enqueued).
+        # Prefetch the next block while this one computes (its compute is enqueued), and
+        # with block_slots > 3 the ones after it.
         e.prefetch_forward(g + 1)
+        for d in range(2, self.prefetch_depth + 1):
+            e.prefetch_ahead(g + d)
         e.stash.put(g, hidden)  # the checkpoint backward recomputes from
         e.peaks.mark()
         return out, rng
@@ -158,8 +168,12 @@ class BlockRunner:
         # This block's m, v (a device-updated group) before block g-1's: backward's first
         # block has had no earlier block to start them.
         e.updater.prefetch(g)
-        # Prefetch block g-1's weights and checkpoint while this block computes.
+        # Prefetch block g-1's weights and checkpoint while this block computes (and with
+        # block_slots > 3 the blocks before it, their m, v too: a ring buffer each).
         e.prefetch_backward(g - 1)
+        for d in range(2, self.prefetch_depth + 1):
+            if g - d >= 1:
+                e.prefetch_backward(g - d)
         B = hidden.shape[0]
         n, size = n_micro(B, e.micro_batch_size)
         hs = split_like(hidden, B, n, size)

@@ -34,14 +34,15 @@ STEPS = 3
 
 def simulate(numels: list[int], device: set[int], n_slots: int, rates: Rates,
              kept: int = 0, cpu_load_bytes: int = 4, cpu_grad_bytes: int = 4,
-             copies: bool = False) -> float:
+             copies: bool = False, prefetch: int = PREFETCH) -> float:
     """Seconds of one steady step (see the module docstring). numels[0] is rest (resident,
     reloaded after a CPU update); kept: device blocks whose forward loads nothing, as in
     balance.traffic; cpu_load_bytes: bytes per param a CPU-updated block's loads carry (2
     with host_weight_copy, whose CPU AdamW rate the caller lowers by the cast's cost);
     cpu_grad_bytes: a CPU-updated block's gradient out (2 where flow.half_grad); copies:
     every block keeps a 16-bit copy on the host (copy mode "all"): a device block's
-    forward loads it (2 B/param) and its write-back sends it too (14 B/param out)."""
+    forward loads it (2 B/param) and its write-back sends it too (14 B/param out);
+    prefetch: how many blocks ahead of the compute a load may start (n_slots - 1)."""
     n = len(numels)
     blocks = list(range(1, n))
     total = sum(numels[1:]) or 1
@@ -64,7 +65,7 @@ def simulate(numels: list[int], device: set[int], n_slots: int, rates: Rates,
             if (g in device and g <= n_slots) or g in held:
                 ready = 0.0
             else:
-                may = done[i - PREFETCH] if i >= PREFETCH else start
+                may = done[i - prefetch] if i >= prefetch else start
                 nbytes = (2 if copies else 4) if g in device else cpu_load_bytes
                 h2d = max(h2d, may, updated[g]) + nbytes * numels[g] / link
                 ready = h2d
@@ -78,7 +79,7 @@ def simulate(numels: list[int], device: set[int], n_slots: int, rates: Rates,
             weights = 4 if g in device else cpu_load_bytes
             need = (0 if g > n - 1 - n_slots else weights) + (8 if g in device else 0)
             if need:
-                may = starts[i - PREFETCH + 1] if i >= PREFETCH - 1 else t
+                may = starts[i - prefetch + 1] if i >= prefetch - 1 else t
                 h2d = max(h2d, may) + need * numels[g] / link
             begin = max(t, h2d if need else t, ring[i - RING] if i >= RING else 0.0)
             starts.append(begin)
