@@ -67,9 +67,13 @@ class StepAccounting:
                 added = planner.plan(self.stats.step_s, self.stats.optimizer_wait_s,
                                      self._cpu_busy_s, self._cpu_params)
                 if added and self.verbose:
-                    print(f"outcore: {what} {added} moves to the device (CPU updated "
-                          f"{self._cpu_params / 1e6:.0f}M params in {self._cpu_busy_s:.2f} s,"
-                          f" step {self.stats.step_s:.2f} s)")
+                    # the counts run from the last step's end: updates of the step before
+                    # it that finished in this one are in them
+                    rate = self._cpu_params / self._cpu_busy_s if self._cpu_busy_s else 0.0
+                    print(f"outcore: {what} {added} moves to the device (CPU AdamW "
+                          f"{rate / 1e9:.2f} G params/s: {self._cpu_params / 1e6:.0f}M "
+                          f"updated in {self._cpu_busy_s:.2f} s since the last step; step "
+                          f"{self.stats.step_s:.2f} s)")
         if self.gpu_updates == "auto" and tuner is not None:
             msg = tuner.observe(self.step_count, self.stats.step_s)
             if msg and self.verbose:
