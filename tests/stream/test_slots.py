@@ -62,3 +62,13 @@ def test_a_bad_slot_count_is_one_line(bad):
     model, _, _ = setup(layers=2, steps=1)
     with pytest.raises(OutcoreError, match=r"block_slots=.*: use an int from 3"):
         outcore.Engine(model, device="cpu", block_slots=bad)
+
+
+def test_distributed_training_keeps_three_slots():
+    """The sharded engine's loads all-gather on the compute stream in one order on every
+    rank; its cache refuses more slots in one line instead of reordering them."""
+    from types import SimpleNamespace
+
+    from outcore.parallel.engine import ShardedEngine
+    with pytest.raises(OutcoreError, match="block_slots=4 is for one process"):
+        ShardedEngine._device_cache(SimpleNamespace(block_slots=4))
