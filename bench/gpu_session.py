@@ -103,6 +103,17 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
     "s12-7b": [(560, PY + [B + "stream.py", "--cases", "7b-16k", "--compiled", "--largest",
                            "0", "--skip-tests", "--timeout", "260", "--out",
                            "stream-h200-s12-7b"])],
+    # nvidia-h200 (session 13's plan): the stream GPU tests (Engine(block_slots) has never
+    # run on a GPU), then outcore alone at 3b-16k: the default, 4 slots in the interleaved
+    # order (stream/simulate.py: about 0.80 s against 0.85), the same planned by the
+    # simulation
+    "slots-ab": [(580, PY + [B + "stream_ab.py", "--variants", "balance,slots4-i,slots4-i-sim",
+                             "--tag", "slots"])],
+    # 4 slots in the default order, the planner's CPU rate, the fixed count of the fastest
+    # runs, the simulated model
+    "rate-ab": [(500, PY + [B + "stream_ab.py", "--variants",
+                            "slots4,best-rate,fixed-10,sim-model", "--skip-tests", "--tag",
+                            "rate"])],
     # nvidia-h200: the gemm bench under a time budget
     "gemm-bench": [(260, PY + [B + "gemm.py", "--budget-s", "150", "--out",
                                "gemm-h200-next"])],
