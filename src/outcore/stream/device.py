@@ -101,12 +101,13 @@ class DeviceCache:
             return  # every slot is in use: acquire() will load it when one is released
         # Evict the least recently used free slot (buffer reuse: its old block is done).
         s = min(free, key=lambda s: self._lru.get(id(s), -1))
-        # A slot just filled counts as used now: with more than 3 slots the runner loads
-        # several blocks ahead, and the next prefetch must not evict this one before its
-        # block has run. (With 3 each prefetched slot is acquired before the next
-        # prefetch, which re-marks it: the same choices as before.)
-        self._tick += 1
-        self._lru[id(s)] = self._tick
+        if len(self.slots) > 3:
+            # A slot just filled counts as used now: the runner loads several blocks ahead,
+            # and the next prefetch must not evict this one before its block has run. (With
+            # 3 slots each prefetched slot is acquired before the next prefetch: the
+            # default path is left exactly as measured.)
+            self._tick += 1
+            self._lru[id(s)] = self._tick
         n = self.numels[g]
         with self.lanes.on(self.lanes.h2d):
             # Stream wait: the copy may not overwrite the slot before the compute that
