@@ -45,12 +45,12 @@ MODEL = "queues"
 # highest so far; opt-in, written in session 12 when no device time was left to run it).
 # A rate measured after groups moved to the device is lower (by 6-26% in the runs below:
 # the device groups' copies share host DRAM with the CPU AdamW), and the models charge
-# those copies to the link already. On that lower
-# rate the planner moved more groups in eight of twelve 3b-16k runs on the H200
-# (sessions 8-12), which took 0.865-0.939 s a step (means 0.889-0.961), against
-# 0.854-0.885 s (means 0.878-0.902) in the four that kept their first choice; the runs
-# differ in more than that (copies, threads, kept weights). bench/balance_replay.py
-# replays those later plans: with "best" none adds a group. Unmeasured as a setting.
+# those copies to the link already. On that lower rate the planner moved more groups in
+# eight of twelve 3b-16k runs on the H200 (sessions 8-12), which took 0.865-0.939 s a
+# step (means 0.889-0.961), against 0.854-0.885 s (means 0.878-0.902) in the four that
+# kept their first choice; the runs differ in more than that (copies, threads, kept
+# weights). bench/balance_replay.py replays those later plans: with "best" none adds a
+# group. Unmeasured as a setting.
 CPU_RATE = "last"
 # Compute and copies overlap imperfectly: a step is (compute^K + copies^K)^(1/K), not the
 # larger of the two. K = 4 fit the 26 outcore rows of bench/results/stream-h200*.json

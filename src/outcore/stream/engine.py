@@ -28,7 +28,7 @@ from ..memory import PinnedPool, unpin_all
 from ..transfer import Lanes
 from ..units import parse_bytes
 from .blocks import build_groups, find_blocks
-from .device import DeviceCache
+from .device import DeviceCache, check_slots
 from .deferred import DeferredUpdates
 from .deferred import check_option as check_held
 from .device_update import DeviceUpdater
@@ -38,7 +38,6 @@ from .accounting import StepAccounting
 from .flow import StepFlow
 from .keep import KeptWeights
 from .keep import check_option as check_keep
-from .device import check_slots
 from .materialize import lazy_fill
 from .ring import Ring
 from .optimizer import AdamW, GroupOptimizers

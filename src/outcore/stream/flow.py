@@ -99,9 +99,7 @@ class StepFlow:
         if ahead != g:
             # Look ahead past the kept blocks only when that block's update is done: a host
             # wait here would hold back the kept blocks' forwards, which need nothing.
-            if ahead < len(self.groups) and not self.schedule.pending(ahead):
-                self.cache.prefetch(ahead, self.weight_source(ahead, False),
-                                    self.host_ready.get(ahead))
+            self.prefetch_ahead(ahead)
             return
         if g < len(self.groups):
             t = time.perf_counter()
@@ -110,10 +108,10 @@ class StepFlow:
             self.cache.prefetch(g, self.weight_source(g, False), self.host_ready.get(g))
 
     def prefetch_ahead(self, g: int) -> None:
-        """Forward, block_slots > 3: start loading block g a few blocks early, unless it
-        is kept, its update from the last step is still pending (no host wait here: it
-        would hold back the blocks before g, which need nothing from it) or no slot is
-        free."""
+        """Forward: start loading block g before its turn (past kept blocks, and with
+        block_slots > 3 a few blocks early), unless it is kept, its update from the last
+        step is still pending (no host wait here: it would hold back the blocks before g,
+        which need nothing from it) or no slot is free."""
         if 0 < g < len(self.groups) and not self.keep.has(g) and not self.schedule.pending(g):
             self.cache.prefetch(g, self.weight_source(g, False), self.host_ready.get(g))
 
