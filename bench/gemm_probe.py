@@ -5,8 +5,8 @@ per-stream timeline of one product.
     PYTHONPATH=src python3 bench/gemm_probe.py        # about 1 min on one H200
 
 First the in-core rate of each tile shape's GEMM (KERNELS). Then for each case of CASES,
-each plan variant is timed (median of 3 after a warm-up); then the default plan's product
-runs once under torch.profiler, and the trace is reduced per CUDA stream: busy seconds,
+each plan variant is timed (median of 3 after a warm-up); then the products of the
+TRACED variants run once each under torch.profiler, and the trace is reduced per CUDA stream: busy seconds,
 span, the copies' achieved GB/s, and for the stream that runs the GEMMs the idle time
 before its first kernel, inside its span and after its last kernel. Writes
 bench/results/gemm-probe-<machine>.json.
@@ -39,18 +39,27 @@ N = 32768
 # as torch.mm: no faster, removed)
 NO_STRIPS = {(plan_mod, "MAX_STRIPS"): 1}
 CASES = [
-    ("fp32", 16384, [("auto", None, {}), ("8192", (8192, 8192, 16384, 2048), {}),
-                     ("no-strips", None, NO_STRIPS)]),
-    ("fp32", N, [("auto", None, {}), ("4096", (4096, 4096, N, 2048), {})]),
+    ("fp32", 16384, [("auto", None, {}), ("rows-8192", (8192, 16384, 16384, 2048), {}),
+                     ("rows-4096", (4096, 16384, 16384, 2048), {})]),
+    ("fp32", N, [("auto", None, {})]),
+    # session 13: C tiles as whole-width row strips, so that B's pieces (full rows of B)
+    # and, with whole-K pieces, A's are contiguous copies; B crosses first, then A by strips
     ("bf16", N, [("auto", None, {}), ("4096x16384", (4096, 16384, N, 16384), {}),
-                 ("no-strips", None, NO_STRIPS)]),
+                 ("rows-2048-K", (2048, N, N, N), {}), ("rows-4096-K", (4096, N, N, N), {}),
+                 ("rows-2048-8k", (2048, N, N, 8192), {})]),
+    ("tf32", N, [("auto", None, {}), ("rows-2048-K", (2048, N, N, N), {}),
+                 ("rows-2048-8k", (2048, N, N, 8192), {})]),
 ]
+TRACED = ("auto", "rows-2048-K")   # variants whose product also runs once under the profiler
 # In-core GEMMs of the tiles' shapes (m, n, k) as the workers run them: acc += a @ b
 # ("addmm1"), a tile's first GEMM ("addmm0": addmm_ with beta=0; "mm": torch.mm(out=)).
-# Session 11's first probe (gemm-probe-h200-s11a.json) timed more shapes with addmm1.
-KERNELS = [("fp32", op, shape) for shape in ((4096, 4096, 16384), (8192, 8192, 16384),
-                                             (8192, 8192, 32768), (16384, 16384, 16384))
-           for op in ("addmm1", "addmm0", "mm")]
+# Session 11's probes (gemm-probe-h200-s11a.json, gemm-probe-h200.json) timed more shapes
+# and the three ops (no op faster than another).
+KERNELS = ([("fp32", "addmm1", shape) for shape in ((4096, 4096, 16384), (8192, 8192, 16384),
+                                                    (8192, 16384, 16384), (4096, 16384, 16384))]
+           + [("bf16", "addmm1", shape) for shape in ((4096, 16384, 32768),
+                                                      (2048, 32768, 32768),
+                                                      (4096, 32768, 32768))])
 
 
 def kernel_rates() -> list[dict]:
@@ -112,14 +121,18 @@ def main() -> int:
             print(f"{compute}-{n} {label}: {t * 1e3:.0f} ms  {flops / t / 1e12:.1f} "
                   f"TFLOP/s  [{st[-1].plan}]", flush=True)
         from torch.profiler import ProfilerActivity, profile
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            matmul(A, B, C, compute=compute)
-        with tempfile.TemporaryDirectory() as d:
-            path = os.path.join(d, "trace.json")
-            prof.export_chrome_trace(path)
-            tl = common.trace_streams(path)
-        doc["runs"].append({"case": f"{compute}-{n}", "tile": "auto", "timeline": tl})
-        print(json.dumps(tl, indent=1, default=str), flush=True)
+        for label, tile, _ in variants:
+            if label not in TRACED:
+                continue
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                matmul(A, B, C, compute=compute, tile=tile)
+            with tempfile.TemporaryDirectory() as d:
+                path = os.path.join(d, "trace.json")
+                prof.export_chrome_trace(path)
+                tl = common.trace_streams(path)
+            doc["runs"].append({"case": f"{compute}-{n}", "tile": label, "timeline": tl})
+            print(f"timeline {compute}-{n} {label}:", json.dumps(tl, indent=1, default=str),
+                  flush=True)
         common.write(doc, f"gemm-probe-{common.machine_name()}")
     print(common.table(doc["kernels"], ["compute", "op", "m", "n", "k", "tflops"]))
     print(common.table([r for r in doc["runs"] if "tflops" in r],
