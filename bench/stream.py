@@ -140,6 +140,11 @@ def run_outcore(args) -> dict:
             "plan_settled": settled,
             "compute_s": split[k][0], "copy_wait_s": split[k][1],
             "optimizer_wait_s": split[k][2],
+            # every measured step: a step's wall ends at its loss.item(), so work it left
+            # running lands in the next one (session 13 saw 0.6 s steps among 0.85 s ones)
+            "steps": [{"step_s": t, "compute_s": c, "copy_wait_s": w, "optimizer_wait_s": o,
+                       "forward_s": f, "backward_s": bw}
+                      for t, (c, w, o, f, bw) in zip(times, split)],
             # the compute stream's span from the step's start to backward's start, and
             # from there to backward's end (the same step as compute_s)
             "forward_s": split[k][3], "backward_s": split[k][4],

@@ -173,3 +173,24 @@ def test_flat_tiles_by_default_and_planned_apart(monkeypatch):
     assert flat.tile_m != flat.tile_n and flat.est_seconds < 0.98 * square.est_seconds
     monkeypatch.setattr(plan_mod, "FLAT_TILES", True)
     assert make_plan(32768, 32768, 32768, **kw) is flat
+
+
+def test_whole_width_strips_for_link_bound_products():
+    """Session 13: where the link bounds the product (bf16 at 32768) the planner may take
+    C tiles as whole-width row strips, so that B's pieces are whole rows of B (contiguous
+    copies), with pieces deeper than the usual 8x (8192 rows of B: 1 GiB); a
+    compute-bound product (fp32) keeps its square tiles."""
+    kw = dict(host_dtype=torch.float32, budget=100 << 30, n_devices=1, device_type="cuda")
+    bf16 = make_plan(32768, 32768, 32768, compute="bf16", **kw)
+    assert (bf16.tile_m, bf16.tile_n, bf16.piece_k) == (2048, 32768, 8192)
+    assert bf16.device_bytes() <= 100 << 30
+    fp32 = make_plan(32768, 32768, 32768, compute="fp32", **kw)
+    assert fp32.tile_m == fp32.tile_n
+    # the deeper pieces are for whole-width strips only: with the usual factors (up to 8x
+    # the 32 MiB piece, 256 rows at this width) the same strips stop at 2048 rows
+    import dataclasses
+
+    import outcore.gemm.lone as lone
+    from outcore.gemm.model import Rates
+    usual = lone.maybe_prologue(dataclasses.replace(bf16, piece_k=256), 1, "cuda", Rates())
+    assert usual.piece_k <= 2048 and usual.est_seconds > bf16.est_seconds

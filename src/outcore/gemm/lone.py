@@ -19,6 +19,8 @@ from .tiles import cdiv
 # against 204 ms in its square pick (8192 x 8192); tf32 the same 221-223 ms either way.
 # bench/gemm.py --square-tiles turns it off.
 FLAT_TILES = True
+PIECE_FACTORS = (1, 2, 4, 8)          # copy pieces the model weighs, x the default piece
+WIDE_PIECE_FACTORS = PIECE_FACTORS + (16, 32)   # for whole-width row strips
 
 
 def whole_k(plan: GemmPlan, tm: int, tn: int, rates: Rates,
@@ -38,7 +40,10 @@ def whole_k(plan: GemmPlan, tm: int, tn: int, rates: Rates,
         return None
     cand = with_strips(GemmPlan(m, n, k, tm, tn, k, f[1], plan.compute, plan.host_dtype,
                                 n_slots=blocks, n_acc=2, budget=plan.budget), "cuda")
-    return maybe_prologue(cand, 1, "cuda", rates, layout=layout)
+    # whole-width strips: a 32 MiB piece of a 32768-wide B row is only 256 rows deep, so
+    # their pieces may grow to 1 GiB (the probe's best: 8192 deep at 32768)
+    factors = WIDE_PIECE_FACTORS if tn == n else PIECE_FACTORS
+    return maybe_prologue(cand, 1, "cuda", rates, layout=layout, factors=factors)
 
 
 def better(cand: GemmPlan | None, plan: GemmPlan, margin: float = 0.02) -> bool:
@@ -75,7 +80,9 @@ def flatter(plan: GemmPlan, rates: Rates, layout: tuple[bool, bool]) -> GemmPlan
         return plan
     best = plan
     for t in (2048, 4096, 8192):
-        for tm, tn in ((t, 2 * t), (t, 4 * t), (2 * t, t), (4 * t, t)):
+        # (t, n): whole-width row strips, whose B pieces are whole rows of a row-major B
+        # (contiguous copies; session 13's probe: bf16 at 32768 in 184 ms against 190)
+        for tm, tn in ((t, 2 * t), (t, 4 * t), (2 * t, t), (4 * t, t), (t, plan.n)):
             tm, tn = min(tm, plan.m), min(tn, plan.n)
             if (tm, tn) != (best.tile_m, best.tile_n):
                 cand = whole_k(plan, tm, tn, rates, layout)
@@ -86,7 +93,8 @@ def flatter(plan: GemmPlan, rates: Rates, layout: tuple[bool, bool]) -> GemmPlan
 
 def maybe_prologue(plan: GemmPlan, n_devices: int, device_type: str, rates: Rates,
                    piece_fixed: bool = False,
-                   layout: tuple[bool, bool] = (False, False)) -> GemmPlan:
+                   layout: tuple[bool, bool] = (False, False),
+                   factors: tuple[int, ...] = PIECE_FACTORS) -> GemmPlan:
     """One device holding everything: let the model pick the copy piece size (32..256 MiB:
     bigger pieces, fewer and larger GEMMs; kept when the caller forced it with `tile`) and
     whether to stream the first pieces of K over all tiles first (good when link and
@@ -95,7 +103,7 @@ def maybe_prologue(plan: GemmPlan, n_devices: int, device_type: str, rates: Rate
     if n_devices != 1 or device_type != "cuda" or plan.nk != 1:
         return plan
     best, best_t = plan, estimate_seconds(plan, rates, layout=layout)
-    factors = (1,) if piece_fixed else (1, 2, 4, 8)
+    factors = (1,) if piece_fixed else factors
     # at least MIN_PIECES pieces a tile (unless forced): a whole-K piece leaves nothing to
     # overlap a tile's first GEMM with (the training shapes ran slower that way)
     deepest = plan.tile_k if piece_fixed else max(plan.piece_k, plan.tile_k // MIN_PIECES)
