@@ -89,3 +89,19 @@ def test_the_model_sees_the_strips_tail():
     whole = replace(plan, strips=1)
     assert estimate_seconds(plan, Rates()) < estimate_seconds(whole, Rates())
 
+
+
+def test_strips_of_a_fresh_panel_load_their_own_rows():
+    """Whole-width row tiles: the last tile's A panel was never loaded, so each strip loads
+    its own rows (a block apiece) and starts when they land; where an earlier tile loaded
+    the panel, the strips read it. The result is exact either way."""
+    plan = make_plan(64, 40, 48, host_dtype=torch.float32, compute="fp32", budget=1 << 30,
+                     tile=(16, 40, 48, 16), device_type="cpu")
+    assert (plan.mt, plan.nt, plan.strips) == (4, 1, 4)
+    st = _run(plan)
+    # A: 3 whole panels + 4 strips, B: 1 panel; nothing is read twice from the host
+    assert (st.block_misses, st.h2d_bytes) == (8, (64 * 48 + 48 * 40) * 4)
+    # a 2 x 2 grid ends on a tile whose panel A_1 is already cached: 2 + 2 blocks only
+    square = make_plan(32, 40, 48, host_dtype=torch.float32, compute="fp32", budget=1 << 30,
+                       tile=(16, 20, 48, 16), device_type="cpu")
+    assert square.strips == 4 and _run(square).block_misses == 4

@@ -202,13 +202,13 @@ class DeviceWorker:
         if not r.started:
             self._start(r)
         L, job, t = self.lanes, self.job, r.tile
-        a = self._block("A", t.i, kb)
+        a, a_row0 = self._a_block(t, kb)
         b = self._block("B", t.j, kb)
         for p in range(p0, p1):
             self._ensure(a, p)
             self._ensure(b, p)
         ready = [max(a.etas[p], b.etas[p]) for p in range(p0, p1)]
-        off = t.r0 - t.i * self.plan.tile_m                # a strip's first row in the panel
+        off = t.r0 - a_row0                                # a strip's first row in the block
         a_op = (a.view.t() if a.k_on_rows else a.view)[off:off + t.rows]   # rows x k
         b_op = b.view if b.k_on_rows else b.view.t()       # k x cols
         s = 0
@@ -255,8 +255,24 @@ class DeviceWorker:
         return done
 
     # -- blocks and pieces -----------------------------------------------------------------
-    def _block(self, op: str, x: int, kb: int) -> Block:
-        key = (op, x, kb)
+    def _a_block(self, t: Tile, kb: int) -> tuple[Block, int]:
+        """The A block tile `t` reads in K block kb, and the first row of op(A) it holds.
+
+        A row strip of the last tile (plan.strips) whose panel no earlier tile loaded gets
+        a block of its own rows: each strip then computes as soon as its rows have landed,
+        so what runs after the product's last copy in is one strip's GEMM and copy out, not
+        every strip's (the whole panel had to land before the first strip). Row-major A
+        only: a transposed A's strip would be copied in rows of a strip's width."""
+        p0 = t.i * self.plan.tile_m
+        whole = (t.r0, t.r1) == (p0, min(p0 + self.plan.tile_m, self.plan.m))
+        if whole or self.job.ta or ("A", t.i, kb) in self.cache.blocks:
+            return self._block("A", t.i, kb), p0
+        return self._block("A", t.i, kb, (t.r0, t.r1)), t.r0
+
+    def _block(self, op: str, x: int, kb: int, rows: tuple[int, int] | None = None) -> Block:
+        """Block (op, x, kb) from the cache, or a new one; `rows`: only those rows of A's
+        panel x (a strip's block, keyed apart from the panel's)."""
+        key = (op, x, kb) if rows is None else (op, x, kb, rows)
         blk = self.cache.get(key)
         if blk is not None:
             self.stats.block_hits += 1
@@ -264,7 +280,7 @@ class DeviceWorker:
         self.stats.block_misses += 1
         p, (k0, k1) = self.plan, self.kspans[kb]
         if op == "A":
-            r0, r1 = x * p.tile_m, min((x + 1) * p.tile_m, p.m)
+            r0, r1 = rows or (x * p.tile_m, min((x + 1) * p.tile_m, p.m))
             if self.job.ta:
                 region, shape, k_on_rows = (k0, k1, r0, r1), (k1 - k0, r1 - r0), True
             else:
