@@ -116,10 +116,18 @@ def main() -> int:
                 setattr(mod, name, value)
             plan_mod._cached_search.cache_clear()
             t = statistics.median(runs)
+            # the host's share of each timed run: before the first copy (ready_s) and
+            # after the device was done (wall_s - synced_s)
+            phases = [x.phases() for x in st[1:]]
+            ready = statistics.median(ph["ready_s"] for ph in phases)
+            after = statistics.median(ph["wall_s"] - ph["synced_s"] for ph in phases)
             doc["runs"].append({"case": f"{compute}-{n}", "tile": label, "plan": st[-1].plan,
-                                "wall_s": t, "runs_s": runs, "tflops": flops / t / 1e12})
+                                "wall_s": t, "runs_s": runs, "tflops": flops / t / 1e12,
+                                "phases": phases, "host_before_s": ready,
+                                "host_after_s": after})
             print(f"{compute}-{n} {label}: {t * 1e3:.0f} ms  {flops / t / 1e12:.1f} "
-                  f"TFLOP/s  [{st[-1].plan}]", flush=True)
+                  f"TFLOP/s  host before {ready * 1e3:.2f} ms, after {after * 1e3:.2f} ms  "
+                  f"[{st[-1].plan}]", flush=True)
         from torch.profiler import ProfilerActivity, profile
         for label, tile, _ in variants:
             if label not in TRACED:
@@ -136,7 +144,8 @@ def main() -> int:
         common.write(doc, f"gemm-probe-{common.machine_name()}")
     print(common.table(doc["kernels"], ["compute", "op", "m", "n", "k", "tflops"]))
     print(common.table([r for r in doc["runs"] if "tflops" in r],
-                       ["case", "tile", "tflops", "wall_s", "plan"]))
+                       ["case", "tile", "tflops", "wall_s", "host_before_s", "host_after_s",
+                        "plan"]))
     return 0
 
 

@@ -114,3 +114,11 @@ def test_exported_and_stats_count_every_tile():
     assert st.h2d_bytes >= (50 * 40 + 40 * 30) * 4
     assert st.d2h_bytes == 50 * 30 * 4
     assert "TFLOP/s" in st.summary()
+
+
+def test_stats_phases_order_the_hosts_share():
+    """GemmStats.phases(): the host's stamps come in order and inside the wall time."""
+    A, B = torch.randn(96, 64), torch.randn(64, 80)
+    _, st = matmul(A, B, devices="cpu", tile=32, return_stats=True)
+    ph = st.phases()
+    assert 0 < ph["ready_s"] <= ph["issued_s"] <= ph["synced_s"] <= ph["wall_s"]

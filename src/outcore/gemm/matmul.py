@@ -118,7 +118,7 @@ def matmul(A, B, out=None, *, transa: bool = False, transb: bool = False, alpha:
         _scale(out, beta)
         return (out, stats) if return_stats else out
 
-    t0 = time.perf_counter()
+    t0 = stats.t_start = time.perf_counter()
     hc = HostMatrix(out, "out")
     if hc.flipped:
         # column-major out: compute out.T = op(B).T @ op(A).T into its row-major storage

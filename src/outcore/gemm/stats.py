@@ -20,6 +20,11 @@ class DeviceStats:
     block_hits: int = 0
     block_misses: int = 0
     device_bytes: int = 0    # what its buffers took
+    # host clock (time.perf_counter) when its buffers were ready (its first copy follows),
+    # when its last task was issued, and when its device had finished (after the sync)
+    t_ready: float = 0.0
+    t_issued: float = 0.0
+    t_synced: float = 0.0
 
 
 @dataclass
@@ -32,6 +37,17 @@ class GemmStats:
     plan: str
     wall_s: float = 0.0
     devices: list[DeviceStats] = field(default_factory=list)
+    t_start: float = 0.0     # host clock when the product's work began (after validation)
+
+    def phases(self) -> dict:
+        """Seconds from the start to the slowest device's ready / issued / synced stamps,
+        and the wall: what the host spends before the first copy and after the device is
+        done, beside the device's own span."""
+        def last(name):
+            ts = [getattr(d, name) for d in self.devices if getattr(d, name)]
+            return max(ts) - self.t_start if ts and self.t_start else None
+        return {"ready_s": last("t_ready"), "issued_s": last("t_issued"),
+                "synced_s": last("t_synced"), "wall_s": self.wall_s}
 
     @property
     def flops(self) -> float:

@@ -19,6 +19,7 @@ has fewer pieces), and then each tile to the end.
 from __future__ import annotations
 
 import contextlib
+import time
 from collections import deque
 from dataclasses import dataclass
 
@@ -77,13 +78,16 @@ class DeviceWorker:
         ctx = torch.cuda.device(self.device) if cuda else contextlib.nullcontext()
         with ctx, torch.no_grad():
             self._setup()
+            self.stats.t_ready = time.perf_counter()
             try:
                 self._loop(pull, first)
+                self.stats.t_issued = time.perf_counter()
             finally:
                 if cuda:
                     # host sync: every output tile is in host memory (and no buffer is still
                     # in use by a stream) before the buffers are dropped and matmul returns
                     torch.cuda.synchronize(self.device)
+                self.stats.t_synced = time.perf_counter()
                 self.copier.close()
                 self.stats.device_bytes = self.cache.nbytes() + sum(
                     t.numel() * t.element_size() for t in self.accs + self.cbufs + self.landing
