@@ -8,7 +8,8 @@ tagged with its part's index, the rows keep every figure as measured. The inputs
 one benchmark's files from one machine kind; nothing is recomputed or edited.
 `FILE@last` takes only the newest part of a file already in parts (what one --append
 command added; its header is that file's top level), `FILE@N` its part N (its header from
-that part's entry). A stream file gets its plot too.
+that part's entry). A `#CASE[,CASE]` suffix keeps only those cases' rows of that input
+(the part records `cases_kept`). A stream file gets its plot too.
 """
 
 from __future__ import annotations
@@ -69,11 +70,27 @@ def one_part(doc: dict, which: str = "last") -> dict:
 
 
 def load(arg: str) -> dict:
+    arg, _, cases = arg.partition("#")
     path, _, which = arg.partition("@")
     if which not in ("", "last") and not which.isdigit():
-        raise SystemExit(f"{arg}: only FILE, FILE@last or FILE@N (a part's index)")
+        raise SystemExit(f"{arg}: only FILE, FILE@last or FILE@N (a part's index), then "
+                         "#CASE[,CASE] if you like")
     doc = json.loads(Path(path).read_text())
-    return one_part(doc, which) if which else doc
+    doc = one_part(doc, which) if which else doc
+    return only_cases(doc, cases.split(",")) if cases else doc
+
+
+def only_cases(doc: dict, cases: list[str]) -> dict:
+    """`doc` with the rows of `cases` alone (a part whose other cases a newer run of the
+    same commands measured again); the part says which it kept, and its summary (figures
+    of every case) is dropped."""
+    missing = [c for c in cases if not any(r.get("case") == c for r in doc["runs"])]
+    if missing:
+        raise SystemExit(f"#{','.join(cases)}: no rows of {missing} in that file")
+    doc["runs"] = [r for r in doc["runs"] if r.get("case") in cases]
+    doc["cases_kept"] = cases
+    doc.pop("summary", None)
+    return doc
 
 
 def main() -> None:
@@ -81,7 +98,8 @@ def main() -> None:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("name", help="output: bench/results/NAME.json")
     ap.add_argument("inputs", nargs="+", help="results files, oldest first (FILE@last: the "
-                    "newest part of a file in parts; FILE@N: its part N)")
+                    "newest part of a file in parts; FILE@N: its part N; then #CASE,... "
+                    "keeps only those cases' rows)")
     args = ap.parse_args()
     doc = merge([load(a) for a in args.inputs])
     print(common.write(doc, args.name))

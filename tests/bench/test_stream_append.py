@@ -109,3 +109,24 @@ def test_out_takes_a_bare_name_or_a_path(tmp_path):
     assert common.out_path("x.json", "d.json") == str(common.RESULTS / "x.json")
     assert common.out_path(str(tmp_path / "y.json"), "d.json") == str(tmp_path / "y.json")
     assert common.out_path(None, "d.json") == "d.json"
+
+
+def test_merge_parts_keeps_only_the_cases_named(tmp_path):
+    """FILE#CASE: a part with one case's rows (a newer run measured its other cases again);
+    the part says which it kept; a case the file lacks is an error, not an empty part."""
+    mp = load_stream_bench("merge_parts")
+    head = {"benchmark": "stream", "machine": "nvidia-h200", "torch": "2.11", "gpus": ["H200"]}
+    old = dict(head, command="old", commit="c1", date="d1",
+               runs=[{"system": s, "case": c} for c in ("3b-16k", "1b-16k")
+                     for s in ("outcore", "fsdp2")])
+    new = dict(head, command="new", commit="c2", date="d2",
+               runs=[{"system": "outcore", "case": c} for c in ("3b-16k", "1b-16k")])
+    for name, d in (("old", old), ("new", new)):
+        (tmp_path / f"{name}.json").write_text(json.dumps(d))
+    doc = mp.merge([mp.load(f"{tmp_path}/new.json#3b-16k"),
+                    mp.load(f"{tmp_path}/old.json#1b-16k")])
+    assert [(r["part"], r["system"], r["case"]) for r in doc["runs"]] == \
+        [(0, "outcore", "3b-16k"), (1, "outcore", "1b-16k"), (1, "fsdp2", "1b-16k")]
+    assert [p["cases_kept"] for p in doc["parts"]] == [["3b-16k"], ["1b-16k"]]
+    with pytest.raises(SystemExit, match="no rows"):
+        mp.load(f"{tmp_path}/new.json#7b-16k")
