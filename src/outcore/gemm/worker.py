@@ -266,10 +266,16 @@ class DeviceWorker:
         a block of its own rows: each strip then computes as soon as its rows have landed,
         so what runs after the product's last copy in is one strip's GEMM and copy out, not
         every strip's (the whole panel had to land before the first strip). Row-major A
-        only: a transposed A's strip would be copied in rows of a strip's width."""
-        p0 = t.i * self.plan.tile_m
-        whole = (t.r0, t.r1) == (p0, min(p0 + self.plan.tile_m, self.plan.m))
-        if whole or self.job.ta or ("A", t.i, kb) in self.cache.blocks:
+        only: a transposed A's strip would be copied in rows of a strip's width. Not under
+        a prologue: every tile is live there, and the strips' blocks would evict panels
+        whose later pieces are still to run (session 13: tf32 at 32768 moved 11.8 GB
+        instead of 8.6). Not with K in several blocks either: each strip would then hold
+        one block per K block, and in a tight cache evict the B blocks the next strip
+        needs."""
+        p, p0 = self.plan, t.i * self.plan.tile_m
+        whole = (t.r0, t.r1) == (p0, min(p0 + p.tile_m, p.m))
+        shared = whole or self.job.ta or p.prologue or p.nk > 1
+        if shared or ("A", t.i, kb) in self.cache.blocks:
             return self._block("A", t.i, kb), p0
         return self._block("A", t.i, kb, (t.r0, t.r1)), t.r0
 
