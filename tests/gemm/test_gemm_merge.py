@@ -125,3 +125,22 @@ def test_strips_read_the_panel_when_k_is_cut_into_blocks():
     assert (plan.nk, plan.strips) == (2, 4)
     st = _run(plan)
     assert st.h2d_bytes == (64 * 48 + 48 * 40) * 4 and st.block_misses == 2 * (4 + 1)
+
+
+def test_a_shallow_first_piece_keeps_the_rest_and_the_result(monkeypatch):
+    """plan.FIRST_PIECE (opt-in): every block's first piece is cut at that depth, the later
+    pieces keep their bounds, the plan says so, and the product is exact."""
+    import outcore.gemm.plan as plan_mod
+    from outcore.gemm.tiles import piece_spans
+    assert piece_spans(40, 16, 4) == [(0, 4), (4, 16), (16, 32), (32, 40)]
+    assert piece_spans(40, 16, 0) == piece_spans(40, 16, 16) == [(0, 16), (16, 32), (32, 40)]
+    kw = dict(host_dtype=torch.float32, compute="fp32", budget=1 << 30,
+              tile=(32, 40, 64, 16), device_type="cpu")
+    even = make_plan(96, 80, 64, **kw)
+    monkeypatch.setattr(plan_mod, "FIRST_PIECE", 4)
+    first = make_plan(96, 80, 64, **kw)
+    assert first is not even and (even.first_piece, first.first_piece) == (0, 4)
+    assert "first piece 4 deep" in first.describe()
+    assert first.pieces(64) == [(0, 4), (4, 16), (16, 32), (32, 48), (48, 64)]
+    st = _run(first)
+    assert st.h2d_bytes == _run(even).h2d_bytes   # the same bytes, one more copy a block

@@ -97,7 +97,7 @@ def estimate_seconds(plan: GemmPlan, rates: Rates, depth: int = LONE_DEPTH,
     which sets the row width of each piece's copy."""
     hb = _size(plan.host_dtype)
     kspans = spans(plan.k, plan.tile_k)
-    pspans = [spans(k1 - k0, plan.piece_k) for k0, k1 in kspans]
+    pspans = [plan.pieces(k1 - k0) for k0, k1 in kspans]
     avail: dict = {}
     link = comp = d2h = issue = 0.0
 

@@ -24,8 +24,8 @@ import torch
 
 from ..errors import OutcoreError
 from ..units import fmt_bytes
-from .model import Rates, estimate_seconds  # noqa: F401  (estimate_seconds: re-exported)
-from .tiles import band_order, cdiv, growing_order, make_tiles, row_strips
+from .model import Rates, estimate_seconds
+from .tiles import band_order, cdiv, growing_order, make_tiles, piece_spans, row_strips
 
 # compute name -> (dtype the tiles are multiplied in, dtype they are accumulated in)
 COMPUTE = {
@@ -41,6 +41,10 @@ DEFAULT_TILE = {"cuda": 4096, "cpu": 256}
 MIN_WIDE_TILES = 16         # C tiles a product needs before a lone device widens its tiles
 MIN_PIECES = 4              # K pieces a tile keeps at least when the planner deepens them
 MAX_STRIPS = 4              # row strips the last tile of a lone device is cut into
+# Opt-in, not measured yet (session 13, for bench/gemm_probe.py): every block's first copy
+# piece this many rows of K deep (0: the plan's piece). fp32-16384 in 8192-wide tiles waits
+# about 3 ms for its first 2048-deep pieces; a 512-deep first piece would start it sooner.
+FIRST_PIECE = 0
 MIN_STRIP = {"cuda": 512, "cpu": 4}   # rows a strip keeps at least (its GEMM stays large)
 
 
@@ -62,6 +66,7 @@ class GemmPlan:
     band: int = 1
     prologue: int = 0            # pieces of K streamed over all tiles before tile-major
     strips: int = 1              # row strips of the order's last tile (a lone device)
+    first_piece: int = 0         # > 0: a block's first piece is this deep (FIRST_PIECE)
     budget: int = 0
     est_seconds: float | None = None
 
@@ -105,6 +110,10 @@ class GemmPlan:
         """Tiles a device takes in its first pull: all of them when there is a prologue."""
         return self.n_tiles if self.prologue else 1
 
+    def pieces(self, k_len: int) -> list[tuple[int, int]]:
+        """The copy pieces of a K block k_len deep, as (start, end) within the block."""
+        return piece_spans(k_len, self.piece_k, self.first_piece)
+
     @property
     def slot_numel(self) -> int:
         return max(self.tile_m, self.tile_n) * self.tile_k
@@ -139,6 +148,7 @@ class GemmPlan:
         est = f", model {self.est_seconds * 1e3:.0f} ms" if self.est_seconds else ""
         pro = f", first {self.prologue} pieces of K over all tiles" if self.prologue else ""
         pro += f", last tile in {self.strips} strips" if self.strips > 1 else ""
+        pro += f", first piece {self.first_piece} deep" if self.first_piece else ""
         return (f"tiles {self.tile_m}x{self.tile_n}x{self.tile_k} (piece {self.piece_k}), "
                 f"{self.mt}x{self.nt} C tiles, {self.nk} K blocks, order {self.order}"
                 f"{'' if self.order == 'grow' else f' band {self.band}'}{pro}; per device "
@@ -219,7 +229,7 @@ def make_plan(m: int, n: int, k: int, *, host_dtype: torch.dtype, compute: str, 
     tile = _tile_arg(tile)   # hashable, and a bad tile is reported before any lookup
     from . import lone
     args = (m, n, k, host_dtype, compute, budget, tile, n_devices, device_type, tuple(layout),
-            lone.FLAT_TILES)
+            lone.FLAT_TILES, FIRST_PIECE)
     if rates is not None:
         return _search(*args, rates)
     return _cached_search(*args)
@@ -234,8 +244,21 @@ def _cached_search(*args) -> GemmPlan:
 
 
 def _search(m, n, k, host_dtype, compute, budget, tile, n_devices, device_type, layout,
-            flat, rates) -> GemmPlan:
+            flat, first_piece, rates) -> GemmPlan:
     """make_plan's work, on its normalized arguments."""
+    plan = _search_tiles(m, n, k, host_dtype, compute, budget, tile, n_devices, device_type,
+                         layout, flat, rates)
+    if not 0 < first_piece < plan.piece_k:
+        return plan
+    plan = replace(plan, first_piece=first_piece)
+    if plan.est_seconds is None:
+        return plan
+    return replace(plan, est_seconds=estimate_seconds(plan, rates or Rates(), layout=layout))
+
+
+def _search_tiles(m, n, k, host_dtype, compute, budget, tile, n_devices, device_type, layout,
+                  flat, rates) -> GemmPlan:
+    """The tiles, pieces and order of make_plan's plan (its first piece aside)."""
     tm_req, tn_req, tk_req, pk_req = tile
     cb = _size(COMPUTE[compute][0])
     if tm_req is not None:

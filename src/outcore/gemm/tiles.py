@@ -52,6 +52,16 @@ def spans(total: int, size: int) -> list[tuple[int, int]]:
     return [(s, min(s + size, total)) for s in range(0, total, size)]
 
 
+def piece_spans(total: int, size: int, first: int = 0) -> list[tuple[int, int]]:
+    """spans(total, size), the first piece cut in two at `first` when 0 < first < its
+    length: a block's first GEMM can start after `first` rows of K instead of `size`
+    (the later pieces keep their boundaries)."""
+    out = spans(total, size)
+    if out and 0 < first < out[0][1]:
+        out[:1] = [(0, first), (first, out[0][1])]
+    return out
+
+
 def growing_order(mt: int, nt: int) -> list[tuple[int, int]]:
     """All (i, j) of an mt x nt grid, step s = max(i, j) at a time, snaking at each turn.
 

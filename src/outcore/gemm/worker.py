@@ -119,7 +119,7 @@ class DeviceWorker:
         self.land_free: list = [None] * 2           # event: conversion that last read it
         self.n_cbuf = self.n_land = 0
         self.kspans = spans(p.k, p.tile_k)
-        self.pspans = [spans(k1 - k0, p.piece_k) for k0, k1 in self.kspans]
+        self.pspans = [p.pieces(k1 - k0) for k0, k1 in self.kspans]
         self.copier = Copier(self.lanes, self.stats, max(p.piece_numel, p.tile_m * p.tile_n))
         self.clock = DeviceClock(p.compute)
 
