@@ -92,3 +92,7 @@ def test_default_budget_counts_the_allocators_cached_memory_as_free(monkeypatch)
     assert resolve_budget(None, dev) == before
     state.update(reserved=26 * gib, allocated=26 * gib)                 # in use: less
     assert resolve_budget(None, dev) < before
+    # a few MiB more or less free (a cuBLAS workspace): the same budget, so the same
+    # remembered plan
+    state.update(free=100 * gib - (3 << 20), reserved=0, allocated=0)
+    assert resolve_budget(None, dev) == before

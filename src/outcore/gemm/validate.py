@@ -18,6 +18,7 @@ GPU_RESERVE = 1 << 30       # left free on each GPU when gpu_memory is not given
 # allocator. Without it the H200 reserved 8.63 GB against gpu_memory="8GiB" (8.59 GB) in
 # bench/gemm_linear.py; 64 MiB is an inference from that 40 MB, not measured on its own.
 CUDA_EXTRAS = 64 << 20
+BUDGET_STEP = 64 << 20      # a default budget's granularity (_rounded)
 
 
 def dtype_of(x) -> torch.dtype:
@@ -135,6 +136,14 @@ def resolve_devices(devices) -> list[torch.device]:
     return out
 
 
+def _rounded(budget: int) -> int:
+    """A default budget rounded down to BUDGET_STEP: free memory moves by a few MiB with
+    cuBLAS workspaces and the driver's own allocations, and plans are remembered per
+    budget, so an unrounded one could make the planner search again before a product's
+    first copy (5-15 ms of host time at 32768)."""
+    return budget - budget % BUDGET_STEP if budget > 16 * BUDGET_STEP else budget
+
+
 def resolve_budget(gpu_memory, devices: list[torch.device]) -> int:
     """Bytes one device may use for tiles and cache: the smallest over the GPUs (a CPU
     worker next to GPUs takes theirs; it allocates only the blocks it touches)."""
@@ -154,7 +163,7 @@ def resolve_budget(gpu_memory, devices: list[torch.device]) -> int:
                 raise OutcoreError(f"gpu_memory={fmt_bytes(given)} but {d} has only "
                                    f"{fmt_bytes(free)} free: lower gpu_memory")
             budgets.append(max(given - CUDA_EXTRAS, given // 2) if given is not None else
-                           int(max(free - GPU_RESERVE, free // 2) * 0.9))
+                           _rounded(int(max(free - GPU_RESERVE, free // 2) * 0.9)))
     if not budgets:
         return given if given is not None else CPU_BUDGET
     return min(budgets)
