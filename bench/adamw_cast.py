@@ -21,7 +21,13 @@ import os
 import sys
 import time
 
-import torch
+# --thp: torch's CPU allocations of 2 MiB and more on transparent huge pages. libc10 reads
+# THP_MEM_ALLOC_ENABLE when it loads, so the script starts itself again with it set.
+if "--thp" in sys.argv and os.environ.get("THP_MEM_ALLOC_ENABLE") != "1":
+    os.execve(sys.executable, [sys.executable] + sys.argv,
+              dict(os.environ, THP_MEM_ALLOC_ENABLE="1"))
+
+import torch  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
@@ -36,6 +42,8 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--out", default=None, help="results name or path (default: "
                     "adamw-cast-<machine>)")
+    ap.add_argument("--thp", action="store_true", help="torch's buffers on transparent huge "
+                    "pages (THP_MEM_ALLOC_ENABLE=1)")
     args = ap.parse_args()
     n = int(args.params)
     t = time.perf_counter()
@@ -77,6 +85,12 @@ def main() -> int:
     doc = common.header("adamw-cast")
     doc["runs"] = rows
     doc["kernel_build_s"] = build_s
+    doc["thp_mem_alloc"] = os.environ.get("THP_MEM_ALLOC_ENABLE") == "1"
+    try:   # the kernel's THP mode: "[madvise]" needs the env var, "[always]" does not
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+            doc["thp_mode"] = f.read().strip()
+    except OSError:
+        doc["thp_mode"] = None
     doc["kernel_error"] = cast_kernel._built.get("error")
     name = common.out_path(args.out, f"adamw-cast-{common.machine_name()}")
     print(common.write(doc, name))
