@@ -56,6 +56,9 @@ def plot(doc: dict, path, cases_known) -> None:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
+        # said, not silent: a results file merged without it keeps an older plot beside it
+        print(f"matplotlib is not installed: {path} was not redrawn "
+              "(pip install matplotlib, then run the merge again)", file=sys.stderr)
         return
     cases = list(dict.fromkeys(r["case"] for r in doc["runs"] if r["case"] in cases_known))
     systems = ["outcore", "pytorch", "fsdp2"]
