@@ -5,8 +5,9 @@ per-stream timeline of one product.
     PYTHONPATH=src python3 bench/gemm_probe.py        # about 1 min on one H200
 
 First the in-core rate of each tile shape's GEMM (KERNELS). Then for each case of CASES,
-each plan variant is timed (median of 3 after a warm-up); then the products of the
-TRACED variants run once each under torch.profiler, and the trace is reduced per CUDA stream: busy seconds,
+each plan variant is timed (median of 3 after a warm-up; with the host's share before the
+first copy and after the device is done); then the products of the TRACED variants run
+once each under torch.profiler, and the trace is reduced per CUDA stream: busy seconds,
 span, the copies' achieved GB/s, and for the stream that runs the GEMMs the idle time
 before its first kernel, inside its span and after its last kernel. Writes
 bench/results/gemm-probe-<machine>.json.

@@ -77,13 +77,13 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
     # nvidia-h200: the largest row appended; the gemm bench under a time budget
     "stream-largest": [(270, PY + [B + "stream.py", "--cases", "", "--skip-tests",
                                    "--append"])],
-    # nvidia-h200: the gemm GPU tests (the arena's budget test failed in session 9), the
-    # Linear layer against 8 GiB, the allocations behind its peak, the host's AdamW rates
     # nvidia-h200's host, no GPU used: the CPU AdamW (what bounds 3b-16k) with torch's
     # allocations on transparent huge pages (THP_MEM_ALLOC_ENABLE=1: madvise on buffers of
     # 2 MiB and more) and without; on the 2-core development machine: no difference
     "thp-ab": [(150, PY + [B + "adamw_cast.py", "--out", "adamw-cast-h200-thp0"]),
                (150, PY + [B + "adamw_cast.py", "--thp", "--out", "adamw-cast-h200-thp1"])],
+    # nvidia-h200: the gemm GPU tests (the arena's budget test failed in session 9), the
+    # Linear layer against 8 GiB, the allocations behind its peak, the host's AdamW rates
     "gemm": [(150, PY + ["-m", "pytest", "-q", "-x", "tests/gemm/test_gemm_gpu.py"]),
              (150, PY + [B + "gemm_linear.py"]),
              (100, PY + [B + "diag/gemm_linear_mem.py", "--features", "65536", "--tokens",
