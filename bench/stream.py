@@ -392,7 +392,7 @@ def main() -> None:
                     help="outcore: the balance planner's model of a step (A/B of "
                     "stream/balance.MODEL; session 12 ran 'simulate')")
     ap.add_argument("--block-slots", type=int, default=3, help="outcore's Engine(block_slots"
-                    "=N): N - 2 blocks loaded ahead (opt-in since session 12, unmeasured)")
+                    "=N): N - 2 blocks loaded ahead (opt-in; session 13's A/B: no faster)")
     ap.add_argument("--cpu-rate", default="last", choices=["last", "best"],
                     help="outcore: the CPU AdamW rate the balance planner uses, the highest "
                     "measured or the last (A/B of stream/balance.CPU_RATE)")

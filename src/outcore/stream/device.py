@@ -12,10 +12,12 @@ into the same slot waits on. Nothing here blocks the host.
 
 Engine(block_slots=3) by default: one slot computing, the next block loading, and the
 blocks at each end of the step kept from forward to backward and back. More slots
-(opt-in, unmeasured on a GPU) let the runner load `block_slots - 2` blocks ahead
-(BlockRunner, prefetch_depth), so loads of the cheap blocks run ahead of a device-updated
-block's 12 B/param of weights, m and v (stream/simulate.py, session 12: 3b-16k at about
-0.80 s with 4 slots in the interleaved order, against 0.85 with 3).
+(opt-in) let the runner load `block_slots - 2` blocks ahead (BlockRunner,
+prefetch_depth), so loads of the cheap blocks run ahead of a device-updated block's 12
+B/param of weights, m and v. stream/simulate.py put 3b-16k at about 0.80 s with 4 slots in
+the interleaved order, against 0.85 with 3; the H200 (session 13,
+stream-h200-ab-slots-*.json) measured 0.845 s against the default's 0.833 in one A/B:
+inside the spread between calls.
 """
 
 from __future__ import annotations
