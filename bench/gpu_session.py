@@ -127,6 +127,10 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
     # nvidia-h200: the gemm bench under a time budget
     "gemm-bench": [(260, PY + [B + "gemm.py", "--budget-s", "150", "--out",
                                "gemm-h200-next"])],
+    # nvidia-h200-x2: the two-GPU gemm rows (the record's are session 2's code), then the
+    # gemm GPU tests with both GPUs visible
+    "gemm-x2": [(300, PY + [B + "gemm.py", "--budget-s", "200"]),
+                (200, PY + ["-m", "pytest", "-q", "-x", "tests/gemm/test_gemm_gpu.py"])],
     # nvidia-h200-x2: issue 5's largest rows (merged into parallel-h200x2.json by
     # bench/merge_parts.py afterwards, on the CPU), the embedding throughput
     # (models built lazily since session 10: about 15B and 14B params on its 256 GiB)
