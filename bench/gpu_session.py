@@ -89,6 +89,8 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
              (100, PY + [B + "diag/gemm_linear_mem.py", "--features", "65536", "--tokens",
                          "4096", "--gpu-memory", "8GiB", "--min-mib", "256"]),
              (150, PY + [B + "adamw_cast.py"])],
+    # nvidia-h200: the gemm GPU tests alone (the strip blocks have not run under them)
+    "gemm-tests": [(150, PY + ["-m", "pytest", "-q", "-x", "tests/gemm/test_gemm_gpu.py"])],
     # nvidia-h200: the in-core rates of the tiles' GEMM shapes, then plan variants (flat
     # tiles in tf32/bf16, larger tiles at fp32-16384) and a timeline of each planner pick
     "gemm-probe": [(300, PY + [B + "gemm_probe.py"])],
