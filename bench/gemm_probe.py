@@ -60,8 +60,12 @@ TRACED = ("auto", "rows-2048-K")   # variants whose product also runs once under
 # ("addmm1"), a tile's first GEMM ("addmm0": addmm_ with beta=0; "mm": torch.mm(out=)).
 # Session 11's probes (gemm-probe-h200-s11a.json, gemm-probe-h200.json) timed more shapes
 # and the three ops (no op faster than another).
+# Session 14 adds the pieces' own shapes (K = 2048: how a tile runs while its panels are
+# still arriving) and the whole fp32-16384 product, the in-core figure the tiles chase.
 KERNELS = ([("fp32", "addmm1", shape) for shape in ((4096, 4096, 16384), (8192, 8192, 16384),
-                                                    (8192, 16384, 16384), (4096, 16384, 16384))]
+                                                    (8192, 16384, 16384), (4096, 16384, 16384),
+                                                    (4096, 4096, 2048), (8192, 8192, 2048),
+                                                    (16384, 16384, 16384))]
            + [("bf16", "addmm1", shape) for shape in ((4096, 16384, 32768),
                                                       (2048, 32768, 32768),
                                                       (4096, 32768, 32768))])
