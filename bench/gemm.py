@@ -417,6 +417,10 @@ def main() -> int:
     ap.add_argument("--square-tiles", action="store_true", help="the planner does not try "
                     "tiles 2x and 4x wider than tall, or taller (outcore.gemm.lone.FLAT_TILES "
                     "off; on by default since session 11)")
+    ap.add_argument("--small-shared-tiles", action="store_true", help="several GPUs: tiles "
+                    "small enough to balance throughout (2048 at 32768 on two; the rule before "
+                    "session 14's outcore.gemm.shared) instead of the lone tiles with the end "
+                    "in strips")
     ap.add_argument("--gpus", type=int, help="GPUs to use (default: every visible one; with "
                     "--smoke, that many CPU workers for the multi-device cases, default 2)")
     ap.add_argument("--out", help="results file, or a bare name for bench/results/NAME.json "
@@ -426,6 +430,9 @@ def main() -> int:
     if args.square_tiles:
         import outcore.gemm.lone as lone
         lone.FLAT_TILES = False
+    if args.small_shared_tiles:
+        import outcore.gemm.plan as plan_mod
+        plan_mod.SHARED_LONE_TILES = False
     t_start = time.perf_counter()
     n_gpu = 0 if args.smoke else min(args.gpus or torch.cuda.device_count(),
                                      torch.cuda.device_count())

@@ -89,6 +89,12 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
              (100, PY + [B + "diag/gemm_linear_mem.py", "--features", "65536", "--tokens",
                          "4096", "--gpu-memory", "8GiB", "--min-mib", "256"]),
              (150, PY + [B + "adamw_cast.py"])],
+    # nvidia-h200: outcore alone at 3b-16k with two steps under the profiler: the table,
+    # the longest gaps and a compact timeline (stream-timeline-*.json.gz) to read offline
+    # where the 0.2 s between the blocks' compute (0.68 s) and the step (0.89 s) goes
+    "stream-prof": [(300, PY + [B + "stream.py", "--cases", "3b-16k", "--systems", "outcore",
+                                "--compiled", "--largest", "0", "--skip-tests", "--profile",
+                                "--timeout", "250", "--out", "stream-h200-s14-prof"])],
     # nvidia-h200: the gemm GPU tests alone (the strip blocks have not run under them)
     "gemm-tests": [(150, PY + ["-m", "pytest", "-q", "-x", "tests/gemm/test_gemm_gpu.py"])],
     # nvidia-h200: the in-core rates of the tiles' GEMM shapes, then plan variants (flat

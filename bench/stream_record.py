@@ -40,13 +40,17 @@ def _profile(step, name: str, n: int) -> None:
         trace = os.path.join(d, "trace.json")
         prof.export_chrome_trace(trace)
         streams = common.trace_streams(trace, top_gaps=12)
+        common.RESULTS.mkdir(parents=True, exist_ok=True)
+        n_rows = common.trace_timeline(trace, common.RESULTS
+                                       / f"stream-timeline-{name}.json.gz")
     common.RESULTS.mkdir(parents=True, exist_ok=True)
     path = common.RESULTS / f"stream-profile-{name}.txt"
     path.write_text(f"{n} steps, wall {wall:.3f} s, device kernels {busy:.3f} s "
                     f"(sum over streams; copies included)\n\n{table}\n\nper stream, and "
                     f"the longest gaps of the busiest one:\n"
                     f"{json.dumps(streams, indent=1, default=str)}\n")
-    print(f"  profile: {path.name}: wall {wall:.3f} s, device {busy:.3f} s", flush=True)
+    print(f"  profile: {path.name}: wall {wall:.3f} s, device {busy:.3f} s; timeline "
+          f"stream-timeline-{name}.json.gz ({n_rows} rows)", flush=True)
 
 
 def plot(doc: dict, path, cases_known) -> None:

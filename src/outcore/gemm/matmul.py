@@ -158,4 +158,5 @@ def execute(job: GemmJob, devices, stats: GemmStats, progress: bool = False,
             with lock:
                 bar.update(n_done)
         workers = [worker_cls(d, job, s, tick) for d, s in zip(devices, stats.devices)]
-        run_workers(TileQueue(tiles, len(devices)), workers, first=p.first_task)
+        run_workers(TileQueue(tiles, len(devices), tail=p.tail_tasks), workers,
+                    first=p.first_task)

@@ -46,6 +46,11 @@ MAX_STRIPS = 4              # row strips the last tile of a lone device is cut i
 # about 3 ms for its first 2048-deep pieces; a 512-deep first piece would start it sooner.
 FIRST_PIECE = 0
 MIN_STRIP = {"cuda": 512, "cpu": 4}   # rows a strip keeps at least (its GEMM stays large)
+# Several GPUs: the tiles a lone GPU would take, the order's last ones in strips that the
+# queue hands out last (shared.py), instead of tiles small enough to balance throughout.
+# Session 14, two H200s at fp32-32768: 2048-wide tiles (the rule below) ran 94.0 TFLOP/s,
+# 1.79x one GPU in 8192-wide ones. False: that rule again.
+SHARED_LONE_TILES = True
 
 
 @dataclass(frozen=True)
@@ -65,7 +70,8 @@ class GemmPlan:
     order: str = "grow"          # "grow", "rows" (A band resident) or "cols"
     band: int = 1
     prologue: int = 0            # pieces of K streamed over all tiles before tile-major
-    strips: int = 1              # row strips of the order's last tile (a lone device)
+    strips: int = 1              # row strips of each of the order's last strip_tiles tiles
+    strip_tiles: int = 1         # 1 for a lone device; several devices: shared.py
     first_piece: int = 0         # > 0: a block's first piece is this deep (FIRST_PIECE)
     budget: int = 0
     est_seconds: float | None = None
@@ -102,8 +108,15 @@ class GemmPlan:
 
     @property
     def n_tiles(self) -> int:
-        """Tiles in the order, the last tile's strips counted one by one."""
-        return self.mt * self.nt + max(1, self.strips) - 1
+        """Tiles in the order, the strips counted one by one."""
+        return self.mt * self.nt + self.tail_tasks - (self.strip_tiles if self.strips > 1
+                                                      else 0)
+
+    @property
+    def tail_tasks(self) -> int:
+        """The strips at the order's end (0 without strips): a shared queue hands them out
+        after every whole tile, so the devices' last tasks are short."""
+        return self.strip_tiles * self.strips if self.strips > 1 else 0
 
     @property
     def first_task(self) -> int:
@@ -142,12 +155,17 @@ class GemmPlan:
         else:
             order = band_order(self.mt, self.nt, self.band, "A" if self.order == "rows" else "B")
         tiles = make_tiles(order, self.m, self.n, self.tile_m, self.tile_n)
-        return tiles[:-1] + row_strips(tiles[-1], self.strips) if self.strips > 1 else tiles
+        if self.strips <= 1:
+            return tiles
+        cut = len(tiles) - self.strip_tiles
+        return tiles[:cut] + [s for t in tiles[cut:] for s in row_strips(t, self.strips)]
 
     def describe(self) -> str:
         est = f", model {self.est_seconds * 1e3:.0f} ms" if self.est_seconds else ""
         pro = f", first {self.prologue} pieces of K over all tiles" if self.prologue else ""
-        pro += f", last tile in {self.strips} strips" if self.strips > 1 else ""
+        if self.strips > 1:
+            pro += (f", last tile in {self.strips} strips" if self.strip_tiles == 1 else
+                    f", last {self.strip_tiles} tiles in {self.strips} strips each")
         pro += f", first piece {self.first_piece} deep" if self.first_piece else ""
         return (f"tiles {self.tile_m}x{self.tile_n}x{self.tile_k} (piece {self.piece_k}), "
                 f"{self.mt}x{self.nt} C tiles, {self.nk} K blocks, order {self.order}"
@@ -229,7 +247,7 @@ def make_plan(m: int, n: int, k: int, *, host_dtype: torch.dtype, compute: str, 
     tile = _tile_arg(tile)   # hashable, and a bad tile is reported before any lookup
     from . import lone
     args = (m, n, k, host_dtype, compute, budget, tile, n_devices, device_type, tuple(layout),
-            lone.FLAT_TILES, FIRST_PIECE)
+            lone.FLAT_TILES, FIRST_PIECE, SHARED_LONE_TILES)
     if rates is not None:
         return _search(*args, rates)
     return _cached_search(*args)
@@ -244,10 +262,16 @@ def _cached_search(*args) -> GemmPlan:
 
 
 def _search(m, n, k, host_dtype, compute, budget, tile, n_devices, device_type, layout,
-            flat, first_piece, rates) -> GemmPlan:
+            flat, first_piece, shared_lone, rates) -> GemmPlan:
     """make_plan's work, on its normalized arguments."""
-    plan = _search_tiles(m, n, k, host_dtype, compute, budget, tile, n_devices, device_type,
-                         layout, flat, rates)
+    plan = None
+    if n_devices > 1 and device_type == "cuda" and tile[0] is None and shared_lone:
+        from .shared import shared   # shared.py imports this module
+        plan = shared(_search_tiles(m, n, k, host_dtype, compute, budget, tile, 1,
+                                    device_type, layout, flat, rates), n_devices)
+    if plan is None:
+        plan = _search_tiles(m, n, k, host_dtype, compute, budget, tile, n_devices,
+                             device_type, layout, flat, rates)
     if not 0 < first_piece < plan.piece_k:
         return plan
     plan = replace(plan, first_piece=first_piece)

@@ -4,7 +4,9 @@ A faster device simply comes back sooner and so takes more tiles: no speeds are 
 or assumed. Pulls keep locality: the tiles are in an order where neighbours share panels
 (tiles.py), each device walks forward through a run of that order, and a device whose run
 is used up jumps to the middle of the largest unclaimed run (or its start, when nobody is
-walking into it), so devices rarely need the same panels at the same time.
+walking into it), so devices rarely need the same panels at the same time. The order's
+last `tail` tiles (a plan's strips) are handed out only after every other tile: short
+tasks at the end, so that devices of unequal speed finish close together.
 
 `FakeWorker` (sleeps instead of computing) and `simulate` (virtual clock) check the
 proportional split without a GPU.
@@ -21,8 +23,11 @@ from typing import Callable, Sequence
 class TileQueue:
     """Tiles in order, claimed by devices under one lock; see the module docstring."""
 
-    def __init__(self, tiles: Sequence, n_devices: int):
+    def __init__(self, tiles: Sequence, n_devices: int, tail: int = 0):
         self.tiles = list(tiles)
+        # tiles [0, _head) first; the tail once they are all claimed
+        self._head = len(self.tiles) - max(0, min(tail, len(self.tiles)))
+        self._head_left = self._head
         self._claimed = [False] * len(self.tiles)
         self._cursor: list[int | None] = [None] * n_devices
         self._lock = threading.Lock()
@@ -43,24 +48,26 @@ class TileQueue:
         with self._lock:
             if self.aborted or self._left == 0:
                 return []
+            end = self._head if self._head_left else len(self.tiles)
             p = self._cursor[dev]
-            if p is None or p >= len(self.tiles) or self._claimed[p]:
-                p = self._jump(dev)
+            if p is None or p >= end or self._claimed[p]:
+                p = self._jump(dev, end)
             out = []
-            while len(out) < n and p < len(self.tiles) and not self._claimed[p]:
+            while len(out) < n and p < end and not self._claimed[p]:
                 self._claimed[p] = True
                 out.append(self.tiles[p])
+                self._head_left -= p < self._head
                 p += 1
             self._cursor[dev] = p
             self._left -= len(out)
             self.taken[dev] += len(out)
             return out
 
-    def _jump(self, dev: int) -> int:
-        """Start of a new run for `dev`: the largest unclaimed run, its middle if another
-        device is about to walk into it."""
+    def _jump(self, dev: int, end: int) -> int:
+        """Start of a new run for `dev` among tiles [0, end): the largest unclaimed run, its
+        middle if another device is about to walk into it."""
         best, s = (0, 0, 0), None
-        for p, c in enumerate(self._claimed + [True]):
+        for p, c in enumerate(self._claimed[:end] + [True]):
             if not c and s is None:
                 s = p
             elif c and s is not None:
