@@ -149,11 +149,11 @@ def trace_streams(trace_path: str, top_gaps: int = 8) -> dict:
 
 def trace_timeline(trace_path: str, out_path) -> int:
     """A compact copy of a chrome trace for reading offline (the whole trace of two 3B
-    steps is too large to bring back): every device op (kernel, copy, memset) as
-    [stream, start_us, dur_us, cat, name, bytes], every user annotation (the engine's
-    record_function phases) and every runtime call of 0.1 ms or more as [-1 for the host,
-    start_us, dur_us, cat, name, 0]; times from the first device op. Gzipped JSON; returns
-    the number of rows."""
+    steps is too large to bring back): every device op (kernel, copy, memset, and the
+    engine's record_function phases as the device saw them) as [stream, start_us, dur_us,
+    cat, name, bytes]; the phases on the host and every runtime call of 0.1 ms or more as
+    [-1, start_us, dur_us, cat, name, 0]; times from the first device op. Gzipped JSON;
+    returns the number of rows."""
     import gzip
     with open(trace_path) as f:
         ev = json.load(f)["traceEvents"]
@@ -162,14 +162,14 @@ def trace_timeline(trace_path: str, out_path) -> int:
         if e.get("ph") != "X":
             continue
         cat, args = e.get("cat"), e.get("args", {})
-        if cat in ("kernel", "gpu_memcpy", "gpu_memset"):
+        if cat in ("kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation"):
             dev.append([int(args.get("stream", 0) or 0), e["ts"], e["dur"], cat,
                         e.get("name", "")[:48], int(args.get("bytes", 0) or 0)])
         elif cat == "user_annotation" or (cat == "cuda_runtime" and e["dur"] >= 100):
             host.append([-1, e["ts"], e["dur"], cat, e.get("name", "")[:48], 0])
-    if not dev:
+    if not any(r[3] != "gpu_user_annotation" for r in dev):
         return 0
-    t0 = min(r[1] for r in dev)
+    t0 = min(r[1] for r in dev if r[3] != "gpu_user_annotation")
     rows = sorted(dev + host, key=lambda r: r[1])
     for r in rows:
         r[1] = round(r[1] - t0, 1)
