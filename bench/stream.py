@@ -52,7 +52,8 @@ def make_model(size: str, layers: int | None = None, fused_norm: bool = False,
 
 MODEL_SWITCHES = ("fused_norm", "compiled")   # the same model for every system
 OUTCORE_SWITCHES = ("full_recompute", "tune_updates", "host_weight_copy", "device_weight_copy",
-                    "settle_compiles", "no_keep_weights", "fused_copy", "no_host_weight_copy")
+                    "settle_compiles", "no_keep_weights", "fused_copy", "no_host_weight_copy",
+                    "lazy_copies")
 
 
 def switches(args, names) -> list[str]:
@@ -90,6 +91,7 @@ def run_outcore(args) -> dict:
     balance.MODEL = args.balance_model   # the balance planner's model of a step
     balance.CPU_RATE = args.cpu_rate      # and the CPU rate it plans with
     eng.updater.order = args.update_order   # which groups' AdamW moves to the GPU first
+    eng.updater.lazy_copies = args.lazy_copies   # before any group moves (no 16-bit ring)
     if args.gpu_updates.isdigit():   # a fixed count: rest and N blocks in that order
         eng.updater.enable(eng.updater.candidates()[:int(args.gpu_updates) + 1])
     eng.updater.settle_compiles = args.settle_compiles
@@ -163,6 +165,7 @@ def run_outcore(args) -> dict:
             "kept_blocks": eng.stats.kept_blocks,   # forward loads kept weights saved
             # the engine's copies as it resolved them ("auto": "fused" or False)
             "host_weight_copy": str(eng.host_weight_copy),
+            "lazy_copies": eng.updater.lazy_copies,
             "deferred_blocks": sorted(eng.deferred.groups),
             "deferred_params": sum(eng.groups[g].numel for g in eng.deferred.groups)}
 
@@ -381,6 +384,9 @@ def main() -> None:
     ap.add_argument("--no-keep-weights", action="store_true", help="outcore does not keep "
                     "device-updated blocks' weights on the GPU for the next forward "
                     "(Engine(keep_weights=False); the default keeps them: stream/keep.py)")
+    ap.add_argument("--lazy-copies", action="store_true", help="outcore's device updates "
+                    "send no 16-bit copy to the host (A/B of DeviceUpdater.lazy_copies: 2 "
+                    "B/param less out in backward's device-updated stretch)")
     ap.add_argument("--settle-compiles", action="store_true", help="outcore's device-update "
                     "planner skips steps in which torch.compile built kernels")
     ap.add_argument("--tune-trials", type=int, default=4, help="--tune-updates: groups "

@@ -58,10 +58,13 @@ def main() -> int:
                 copies[key].append((s, s + d))
     comp = max(kern, key=lambda k: sum(e - s for s, e, _ in kern[k]))
     ks = sorted(kern[comp])
+    # the phases as the device saw them (from the first to the last op launched in each)
     phases = sorted((s, s + d, name.removeprefix("outcore.")) for st, s, d, cat, name, _ in rows
                     if cat == "gpu_user_annotation" and "_block." in name)
     host = [(s, s + d, name) for st, s, d, cat, name, _ in rows if st == -1]
-    starts = [s for s, _, n in phases if n == "forward_block.0"]
+    fwd = [int(n.split(".")[1]) for _, _, n in phases if n.startswith("forward_block.")]
+    first = f"forward_block.{min(fwd)}" if fwd else None
+    starts = [s for s, _, n in phases if n == first]
     print(f"compute stream {comp}: {len(ks)} kernels; {len(starts)} steps start in the "
           f"trace; copies: h2d {len(copies['h2d'])}, d2h {len(copies['d2h'])}")
     edges = starts + [ks[-1][1]]

@@ -138,3 +138,47 @@ def test_device_mode_copies_only_the_device_updated_blocks(model):
 def test_a_copy_mode_that_does_not_exist_is_one_line(model):
     with pytest.raises(OutcoreError, match="host_weight_copy='some'"):
         engine(model, "some")
+
+
+def model_numel(model, g: int) -> int:
+    """Parameters of block g (1-based: group g of the engine) of a reference decoder."""
+    return sum(p.numel() for p in model.layers[g - 1].parameters())
+
+
+@pytest.mark.parametrize("keep", [False, True])
+def test_lazy_copies_train_the_same_and_send_fewer_bytes(keep):
+    """DeviceUpdater.lazy_copies: device updates send no 16-bit copy back; the next forward
+    of such a block loads its fp32 master unless the device still holds it. Bit-for-bit the
+    same training as the copies sent, also for a group whose AdamW moves back to the CPU
+    (whose update makes its copy current again); every copy not marked stale is current."""
+    torch.manual_seed(0)
+    model = decoder("tiny", layers=8)   # more blocks than slots: 5, 6 are evicted between
+    runs = []
+    for lazy in (False, True):
+        eng = outcore.Engine(copy.deepcopy(model), optimizer=outcore.AdamW(lr=1e-2),
+                             device="cpu", compute_dtype=BF16, host_weight_copy=True,
+                             keep_weights=keep)
+        eng.updater.lazy_copies = lazy      # before any group moves: no 16-bit ring either
+        eng.updater.enable([0, 5, 6])
+        losses = []
+        for s in range(5):
+            if s == 3:
+                eng.updater.groups.discard(6)   # back to the CPU, as balance.py may do
+            losses.append(eng.train_step(batch(s)))
+            eng.synchronize()
+            for g in range(1, len(eng.groups)):
+                if g not in eng.host.stale:
+                    assert torch.equal(eng.host.copy[g], eng.host.master[g].to(BF16)), (s, g)
+        runs.append((losses, eng.updater.bytes_d2h, set(eng.host.stale),
+                     [m.clone() for m in eng.host.master], eng.updater._ring16,
+                     eng.cache.bytes_h2d))
+        eng.close()
+    (la, da, sa, ma, ra, ha), (lb, db, sb, mb, rb, hb) = runs
+    assert la == lb
+    assert all(torch.equal(a, b) for a, b in zip(ma, mb))
+    assert sa == set() and sb == {5} and ra is not None and rb is None
+    assert db < da
+    # a forward that meets a stale copy loads the block's fp32 master (4 B/param, not 2):
+    # block 6 once, moved back to the CPU after a lazy device update (after its CPU update
+    # the copy serves again), and without kept weights block 5 when not in its slot
+    assert hb > ha and (hb - ha) % (2 * model_numel(model, 6)) == 0

@@ -84,7 +84,8 @@ def kept_blocks(n: int, device: set[int], n_slots: int, kept: int) -> set[int]:
 
 
 def traffic(numels: list[int], device: set[int], copy_mode: str | None,
-            n_slots: int, kept: int = 0, grad_bytes: int = 4) -> tuple[int, int, int]:
+            n_slots: int, kept: int = 0, grad_bytes: int = 4,
+            lazy: bool = False) -> tuple[int, int, int]:
     """(h2d bytes, d2h bytes, CPU-updated params) of one step whose `device` groups update
     on the device. numels[0] is rest (resident: reloaded after a CPU update of it);
     blocks 1..n-1 are loaded in forward and again in backward, except cache hits: the
@@ -92,7 +93,9 @@ def traffic(numels: list[int], device: set[int], copy_mode: str | None,
     n_slots of forward in backward (their fp32 still there, unless forward loaded a copy
     and backward needs fp32), and in forward the device blocks between those two that
     keep.py keeps on the device (`kept` of them, the first updated: the highest).
-    grad_bytes: per param of a CPU-updated block's gradient (2 where flow.half_grad)."""
+    grad_bytes: per param of a CPU-updated block's gradient (2 where flow.half_grad).
+    lazy: DeviceUpdater.lazy_copies (no copy of a device update goes out; a device block
+    that forward does not find on the device loads its fp32 master)."""
     n = len(numels)
     h2d = d2h = cpu = 0
     held = kept_blocks(n, device, n_slots, kept)
@@ -103,13 +106,13 @@ def traffic(numels: list[int], device: set[int], copy_mode: str | None,
             h2d += 0 if dev else 4 * k   # resident; reloaded after a CPU update of it
         else:
             if not (dev and g <= n_slots) and g not in held:
-                h2d += (2 if copy_fwd else 4) * k
+                h2d += (2 if copy_fwd and not (dev and lazy) else 4) * k
             tail = g > n - 1 - n_slots
             if not (tail and not (dev and copy_fwd)):
                 h2d += (4 if dev or copy_mode != "all" else 2) * k
         if dev:
             h2d += 8 * k                                  # m, v in
-            d2h += 12 * k + (2 * k if copy_mode and g else 0)   # master, m, v (and copy) out
+            d2h += 12 * k + (2 * k if copy_mode and g and not lazy else 0)   # (and copy)
         else:
             d2h += (grad_bytes if g else 4) * k           # the gradient
             cpu += k
@@ -144,12 +147,12 @@ def cpu_lateness(numels, device, step_s: float, rate: float, cap: int | None = N
 
 def predict(numels, device, copy_mode, n_slots, rates: Rates,
             cap: int | None = None, k: float = OVERLAP_K, kept: int = 0,
-            grad_bytes: int = 4) -> float:
+            grad_bytes: int = 4, lazy: bool = False) -> float:
     """The step's predicted seconds: compute and the longest other queue, overlapped as
     `k` says (OVERLAP_K; inf: the larger), plus what the CPU AdamW holds it up
     (cpu_lateness; `cap`: Engine.max_staged_grads). cpu_params_per_s <= 0: the CPU is
-    not counted. kept, grad_bytes: as in traffic."""
-    h2d, d2h, cpu = traffic(numels, device, copy_mode, n_slots, kept, grad_bytes)
+    not counted. kept, grad_bytes, lazy: as in traffic."""
+    h2d, d2h, cpu = traffic(numels, device, copy_mode, n_slots, kept, grad_bytes, lazy)
     rate = rates.cpu_params_per_s
     other = max(h2d / rates.link_bps, d2h / rates.link_bps, cpu / rate if rate > 0 else 0.0)
     c = rates.compute_s
@@ -177,7 +180,7 @@ def choose(numels, order: list[int], current: set[int], copy_mode, n_slots,
 
 
 def step_model(numels, copy_mode, n_slots, rates: Rates, cap: int | None, kept: int,
-               grad_bytes: int):
+               grad_bytes: int, lazy: bool = False):
     """MODEL's step of a set of device groups (-> seconds). The simulation has no cap on
     staged gradients and no "device" copy mode: the queues model serves those."""
     if MODEL == "simulate" and copy_mode in (None, "all"):
@@ -187,7 +190,7 @@ def step_model(numels, copy_mode, n_slots, rates: Rates, cap: int | None, kept: 
                                   cpu_grad_bytes=grad_bytes, copies=copy_mode == "all",
                                   prefetch=n_slots - 1)
     return lambda d: predict(numels, d, copy_mode, n_slots, rates, cap, kept=kept,
-                             grad_bytes=grad_bytes)
+                             grad_bytes=grad_bytes, lazy=lazy)
 
 
 class Balancer:
@@ -217,7 +220,7 @@ class Balancer:
         order = self.u.candidates()
         kept = e.keep.capacity_blocks() if e.keep.enabled else 0
         model = step_model(numels, e.copy_mode, len(e.cache.slots), rates, cap, kept,
-                           e.stats.cpu_grad_bytes)
+                           e.stats.cpu_grad_bytes, self.u.lazy_copies)
         want = choose(numels, order, self.u.groups, e.copy_mode, len(e.cache.slots), rates,
                       step=model)
         added = self.u.affordable([g for g in order if g in want and g not in self.u.groups])

@@ -69,6 +69,13 @@ class DeviceUpdater:
         # (opt-in, balance.py: the shortest predicted step, moving either way)
         self.policy = "backlog"
         self.balancer = None
+        # Opt-in (session 14, unmeasured): no 16-bit copy of a device update goes back to
+        # the host. The next forward finds such a block kept (keep.py) or in its slot, or
+        # else loads its fp32 master (storage.HostState.stale): 2 B/param less out in the
+        # stretch of backward where both copy directions are the limit (the session-14
+        # profile at 3b-16k: ~130 ms of compute idle per step there, none elsewhere),
+        # and no ring of 16-bit buffers on the device.
+        self.lazy_copies = False
         self.groups: set[int] = set()
         self._mv: dict[int, tuple[torch.Tensor, torch.Tensor, object, int | None]] = {}
         self._ring = None  # 2 buffers of m|v for blocks (rest's are allocated per step)
@@ -111,7 +118,7 @@ class DeviceUpdater:
                     # computing and those the runner prefetches (block_slots - 2)
                     k = max(2, self.e.block_slots - 1)
                     self._ring = Ring(self.e.lanes, k, 2 * block)
-                    if self.e.host.copy[g] is not None:
+                    if self.e.host.copy[g] is not None and not self.lazy_copies:
                         self._ring16 = Ring(self.e.lanes, k, block, self.e.compute_dtype)
                         grew += self._ring16.bytes()
         grew += (self._ring.bytes() if self._ring is not None else 0) - before
@@ -192,6 +199,9 @@ class DeviceUpdater:
         found_inf = (~torch.isfinite(sq)).float().reshape(())
         e.opt.device_step(g, w32, grad, m, v, found_inf)
         copy = e.host.copy[g]
+        if copy is not None and (self.lazy_copies or self._ring16 is None):
+            e.host.stale.add(g)   # the host's copy is not sent: the master is current only
+            copy = None
         if copy is not None:   # the host's 16-bit copy, cast here where the weights are
             i16, w16 = self._ring16.take()
             w16 = w16[:w32.numel()]
@@ -215,6 +225,7 @@ class DeviceUpdater:
         if copy is not None:
             self._ring16.give(i16, weights)   # buffer reuse: after the d2h copy read it
             self.bytes_d2h += copy.numel() * copy.element_size()
+            e.host.stale.discard(g)
         if ring_i is not None:
             self._ring.give(ring_i, done)  # buffer reuse: after the d2h copy read m, v
         if lanes.cuda:
@@ -273,7 +284,8 @@ class DeviceUpdater:
             return gs
         block = self.e.cache.slots[0].buf.numel()   # as enable() sizes the ring
         ring = 2 * 2 * block * 4 + (2 * block * self.e.compute_dtype.itemsize
-                                    if self.e.host.copy[-1] is not None else 0)
+                                    if self.e.host.copy[-1] is not None
+                                    and not self.lazy_copies else 0)
         has_ring, out = self._ring is not None, []
         for g in gs:
             cost = 8 * self.e.groups[0].numel if g == 0 else 0 if has_ring else ring

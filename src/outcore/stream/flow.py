@@ -66,7 +66,7 @@ class StepFlow:
         device-side AdamW needs them: in the backward of a device-updated group."""
         copy = self.host.copy[g]
         device = g in self.updater.groups
-        if copy is None or (backward and device):
+        if copy is None or (backward and device) or g in self.host.stale:
             return self.host.master[g]
         if self.copy_mode == "device" and not device:
             return self.host.master[g]   # a CPU-updated block's copy is not kept current
@@ -199,6 +199,7 @@ class StepFlow:
             if copy is not None and self.cast_kernel is not None:
                 # AdamW writes the 16-bit copy as it writes the weights (cast_kernel.py)
                 self.opt.step_cast(g, hbuf, copy, self.cast_kernel, scale)
+                self.host.stale.discard(g)   # current again (set once the pass is done)
             else:
                 self.opt.step(g, hbuf, scale)
                 if copy is not None:

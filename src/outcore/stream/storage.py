@@ -46,6 +46,9 @@ class HostState:
             self.master.append(flat)
         self.grad_pool = PinnedPool(pin=pin)
         self.copy: list[torch.Tensor | None] = [None] * len(groups)
+        # groups whose copy is older than their master (a device update that did not send
+        # one back: DeviceUpdater.lazy_copies); a pass loads their fp32 master instead
+        self.stale: set[int] = set()
 
     def keep_copies(self, dtype: torch.dtype) -> None:
         """Hold a `dtype` copy of every block's master (not group 0's, which stays on the
@@ -60,6 +63,7 @@ class HostState:
         round-to-nearest-even cast the device makes of the fp32 weights)."""
         if self.copy[g] is not None:
             self.copy[g].copy_(self.master[g])
+        self.stale.discard(g)
 
     @property
     def numel(self) -> int:
