@@ -95,6 +95,13 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
     "stream-prof": [(300, PY + [B + "stream.py", "--cases", "3b-16k", "--systems", "outcore",
                                 "--compiled", "--largest", "0", "--skip-tests", "--profile",
                                 "--timeout", "250", "--out", "stream-h200-s14-prof"])],
+    # nvidia-h200 (session 14): the GPU test of lazy copies under a d2h stream running
+    # behind, then outcore alone at 3b-16k: the default, lazy copies, lazy with rest and
+    # 9 blocks on the device
+    "lazy-ab": [(120, PY + ["-m", "pytest", "-q", "-x", "tests/stream/test_gpu.py", "-k",
+                            "behind"]),
+                (470, PY + [B + "stream_ab.py", "--variants", "balance,lazy,lazy-9",
+                            "--skip-tests", "--tag", "lazy"])],
     # nvidia-h200: the gemm GPU tests alone (the strip blocks have not run under them)
     "gemm-tests": [(150, PY + ["-m", "pytest", "-q", "-x", "tests/gemm/test_gemm_gpu.py"])],
     # nvidia-h200: the in-core rates of the tiles' GEMM shapes, then plan variants (flat

@@ -60,9 +60,11 @@ VARIANTS = {  # name: bench/stream.py flags (session 5's NOTES, "Next GPU sessio
     "fused-copy": ["--fused-copy"],
     # Session 14's profile at 3b-16k: the compute stream idles ~130 ms a step, all of it in
     # backward's device-updated stretch with both copy directions busy; no 16-bit copies
-    # out of device updates there (2 B/param less d2h), alone and with 14 fixed groups
+    # out of device updates there (2 B/param less d2h), alone and with rest and 9 blocks
+    # fixed (the balance planner's pick is rest and 11: fewer device blocks, a shorter
+    # stretch, more CPU work)
     "lazy": ["--lazy-copies"],
-    "lazy-13": ["--lazy-copies", "--gpu-updates", "13"],
+    "lazy-9": ["--lazy-copies", "--gpu-updates", "9"],
     "no-copy": ["--no-host-weight-copy"],   # the default before session 10 ("auto" since)
     # next (session 12, none run yet): the planner's CPU rate, its model, and 4 device slots
     # (2 blocks loaded ahead) in the interleaved order, which stream/simulate.py puts at
