@@ -102,6 +102,11 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
                             "behind"]),
                 (470, PY + [B + "stream_ab.py", "--variants", "balance,lazy,lazy-9",
                             "--skip-tests", "--tag", "lazy"])],
+    # nvidia-h200 (session 14, last call): the host's AdamW with and without huge pages,
+    # then every stream GPU test (lazy copies touched the default path's weight source)
+    "thp-tests": [(150, PY + [B + "adamw_cast.py", "--out", "adamw-cast-h200-thp0"]),
+                  (150, PY + [B + "adamw_cast.py", "--thp", "--out", "adamw-cast-h200-thp1"]),
+                  (240, PY + ["-m", "pytest", "-q", "-x", "tests/stream/test_gpu.py"])],
     # nvidia-h200: the gemm GPU tests alone (the strip blocks have not run under them)
     "gemm-tests": [(150, PY + ["-m", "pytest", "-q", "-x", "tests/gemm/test_gemm_gpu.py"])],
     # nvidia-h200: the in-core rates of the tiles' GEMM shapes, then plan variants (flat
