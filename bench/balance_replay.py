@@ -71,7 +71,8 @@ def replay(r: dict, numels: list[int]) -> list[dict]:
         for mode, rate in (("last", entry["cpu_params_per_s"]), ("best", best)):
             rates = balance.Rates(entry["compute_s"], rate, balance.LINK_BPS)
             got[mode] = choose_from(numels, order, held, copies, rates,
-                                    entry.get("kept_capacity"), grad_bytes)
+                                    entry.get("kept_capacity"), grad_bytes,
+                                    bool(r.get("lazy_copies")))
         out.append({"file": r["file"], "step": entry["step"], "held": len(held),
                     "logged": len(held | set(entry["added"])) - len(entry["back"]),
                     "last": len(got["last"]), "best": len(got["best"])})
@@ -79,9 +80,11 @@ def replay(r: dict, numels: list[int]) -> list[dict]:
     return out
 
 
-def choose_from(numels, order, held, copies, rates, kept, grad_bytes) -> set[int]:
+def choose_from(numels, order, held, copies, rates, kept, grad_bytes,
+                lazy: bool = False) -> set[int]:
+    """balance.choose as the run's planner called it (lazy: DeviceUpdater.lazy_copies)."""
     return balance.choose(numels, order, held, copies, SLOTS, rates, STAGED_GRADS, kept or 0,
-                          grad_bytes)
+                          grad_bytes, lazy=lazy)
 
 
 def main() -> int:

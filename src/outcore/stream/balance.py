@@ -162,14 +162,14 @@ def predict(numels, device, copy_mode, n_slots, rates: Rates,
 
 def choose(numels, order: list[int], current: set[int], copy_mode, n_slots,
            rates: Rates, cap: int | None = None, kept: int = 0,
-           grad_bytes: int = 4, step=None) -> set[int]:
+           grad_bytes: int = 4, step=None, lazy: bool = False) -> set[int]:
     """The prefix of `order` with the shortest predicted step (the fewest groups among
     equals); `current` unless that predicts at least 1 - HYSTERESIS shorter. step: the
     model, device groups -> seconds (default: predict with these arguments)."""
     if step is None:
         def step(d: set[int]) -> float:
             return predict(numels, d, copy_mode, n_slots, rates, cap, kept=kept,
-                           grad_bytes=grad_bytes)
+                           grad_bytes=grad_bytes, lazy=lazy)
     best, best_s = set(), None
     for j in range(len(order) + 1):
         d = set(order[:j])
