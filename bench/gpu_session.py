@@ -102,6 +102,13 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
                             "behind"]),
                 (470, PY + [B + "stream_ab.py", "--variants", "balance,lazy,lazy-9",
                             "--skip-tests", "--tag", "lazy"])],
+    # nvidia-h200 (session 14): the GPU tests of lazy copies and resident m, v under a d2h
+    # stream running behind, then 3b-16k outcore alone: the default, and lazy copies with
+    # 3 blocks' m, v resident, with and without the kept weights
+    "res-ab": [(120, PY + ["-m", "pytest", "-q", "-x", "tests/stream/test_gpu.py", "-k",
+                           "behind"]),
+               (450, PY + [B + "stream_ab.py", "--variants", "balance,res3,res3-nokeep",
+                           "--skip-tests", "--tag", "res"])],
     # nvidia-h200 (session 14, last call): the host's AdamW with and without huge pages,
     # then every stream GPU test (lazy copies touched the default path's weight source)
     "thp-tests": [(150, PY + [B + "adamw_cast.py", "--out", "adamw-cast-h200-thp0"]),

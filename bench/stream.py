@@ -92,6 +92,7 @@ def run_outcore(args) -> dict:
     balance.CPU_RATE = args.cpu_rate      # and the CPU rate it plans with
     eng.updater.order = args.update_order   # which groups' AdamW moves to the GPU first
     eng.updater.lazy_copies = args.lazy_copies   # before any group moves (no 16-bit ring)
+    eng.updater.resident_mv = args.resident_mv   # device blocks whose m, v stay there
     if args.gpu_updates.isdigit():   # a fixed count: rest and N blocks in that order
         eng.updater.enable(eng.updater.candidates()[:int(args.gpu_updates) + 1])
     eng.updater.settle_compiles = args.settle_compiles
@@ -166,6 +167,7 @@ def run_outcore(args) -> dict:
             # the engine's copies as it resolved them ("auto": "fused" or False)
             "host_weight_copy": str(eng.host_weight_copy),
             "lazy_copies": eng.updater.lazy_copies,
+            "resident_mv_blocks": sorted(eng.updater._resident),
             "deferred_blocks": sorted(eng.deferred.groups),
             "deferred_params": sum(eng.groups[g].numel for g in eng.deferred.groups)}
 
@@ -387,6 +389,10 @@ def main() -> None:
     ap.add_argument("--lazy-copies", action="store_true", help="outcore's device updates "
                     "send no 16-bit copy to the host (A/B of DeviceUpdater.lazy_copies: 2 "
                     "B/param less out in backward's device-updated stretch)")
+    ap.add_argument("--resident-mv", type=int, default=0, help="outcore: this many device-"
+                    "updated blocks keep m and v on the GPU between steps (A/B of "
+                    "DeviceUpdater.resident_mv: 16 B/param less over the link each, 8 B/param "
+                    "of GPU memory)")
     ap.add_argument("--settle-compiles", action="store_true", help="outcore's device-update "
                     "planner skips steps in which torch.compile built kernels")
     ap.add_argument("--tune-trials", type=int, default=4, help="--tune-updates: groups "
@@ -439,11 +445,12 @@ def main() -> None:
              "--gpu-memory", args.gpu_memory, "--held-gpu-updates", args.held_gpu_updates,
              "--update-order", args.update_order, "--tune-trials", str(args.tune_trials),
              "--gpu-updates", args.gpu_updates, "--balance-model", args.balance_model,
-             "--cpu-rate", args.cpu_rate, "--block-slots", str(args.block_slots)] \
+             "--cpu-rate", args.cpu_rate, "--block-slots", str(args.block_slots),
+             "--resident-mv", str(args.resident_mv)] \
         + (["--clip", str(args.clip)] if args.clip else []) \
         + switches(args, ("profile",) + OUTCORE_SWITCHES) + model_flags(args)
     for k in ("clip", "held_gpu_updates", "update_order", "gpu_updates",
-              "balance_model", "cpu_rate", "block_slots") + OUTCORE_SWITCHES \
+              "balance_model", "cpu_rate", "block_slots", "resident_mv") + OUTCORE_SWITCHES \
             + MODEL_SWITCHES:
         doc[k] = getattr(args, k)
     if not args.skip_tests:

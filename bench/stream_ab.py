@@ -65,6 +65,12 @@ VARIANTS = {  # name: bench/stream.py flags (session 5's NOTES, "Next GPU sessio
     # stretch, more CPU work)
     "lazy": ["--lazy-copies"],
     "lazy-9": ["--lazy-copies", "--gpu-updates", "9"],
+    # then the m, v of the first 3 device blocks of that stretch kept on the device
+    # (DeviceUpdater.resident_mv: 16 B/param less over the link there, 2.7 GB of device
+    # memory), with the kept weights (which then get less room) and without them (the
+    # forward they serve did not wait on the link in the profile)
+    "res3": ["--lazy-copies", "--resident-mv", "3"],
+    "res3-nokeep": ["--lazy-copies", "--resident-mv", "3", "--no-keep-weights"],
     "no-copy": ["--no-host-weight-copy"],   # the default before session 10 ("auto" since)
     # next (session 12, none run yet): the planner's CPU rate, its model, and 4 device slots
     # (2 blocks loaded ahead) in the interleaved order, which stream/simulate.py puts at

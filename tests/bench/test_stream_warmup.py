@@ -22,7 +22,8 @@ class FakeEngine:
         self.runner = SimpleNamespace(tail=SimpleNamespace(enabled=True, skipping=lambda: []))
         tuner = SimpleNamespace(busy=lambda: self.n < self.tuning_until, log=[]) \
             if self.tuning_until else None
-        self.updater = SimpleNamespace(order="tail", tuner=tuner, groups=set(), balancer=None)
+        self.updater = SimpleNamespace(order="tail", tuner=tuner, groups=set(), balancer=None,
+                                       _resident={})
         self.stats = SimpleNamespace(compute_s=0.1, copy_wait_s=0.0, optimizer_wait_s=0.0,
                                      forward_s=0.03, backward_s=0.07,
                                      peak_device_bytes=0, peak_reserved_bytes=0,
@@ -65,7 +66,7 @@ def test_warmup_waits_for_the_planner(monkeypatch, moves_after, tuning_until, wa
                               profile=False, host_weight_copy=False, device_weight_copy=False,
                               tune_trials=4,
                               settle_compiles=False, gpu_updates="balance", no_keep_weights=False,
-                              lazy_copies=False,
+                              lazy_copies=False, resident_mv=0,
                               fused_copy=False, no_host_weight_copy=False,
                               balance_model="queues", cpu_rate="last",
                               block_slots=3)

@@ -184,7 +184,7 @@ def test_bf16_gradients_on_gpu_train_like_fp32_ones():
     assert la == pytest.approx(lb, rel=1e-3), (la, lb)
 
 
-@pytest.mark.parametrize("copies", [False, True, "device", "lazy"])
+@pytest.mark.parametrize("copies", [False, True, "device", "lazy", "resident"])
 def test_device_updates_survive_a_d2h_stream_running_behind(monkeypatch, copies):
     """Session 6's host-copy failure, made to happen on purpose: every device-side update
     first queues ~25 ms of sleep on the d2h stream, so its write-back reads the slot long
@@ -204,9 +204,10 @@ def test_device_updates_survive_a_d2h_stream_running_behind(monkeypatch, copies)
         torch.manual_seed(0)
         eng = outcore.Engine(decoder("tiny", layers=6), optimizer=outcore.AdamW(lr=1e-3),
                              device="cuda", compute_dtype=torch.bfloat16, gpu_updates=0,
-                             host_weight_copy=True if copies == "lazy" else copies)
+                             host_weight_copy=copies in ("lazy", "resident") or copies)
         assert len(eng.cache.slots) < len(eng.groups) - 1
-        eng.updater.lazy_copies = copies == "lazy"   # no 16-bit copies out: masters in
+        eng.updater.lazy_copies = copies in ("lazy", "resident")   # no 16-bit copies out
+        eng.updater.resident_mv = 2 if copies == "resident" else 0   # m, v stay: 2 blocks
         eng.updater.enable(list(range(len(eng.groups))))
         g = torch.Generator().manual_seed(1)
         x = torch.randint(0, 256, (4, 64), generator=g)

@@ -22,6 +22,9 @@ class FakeUpdater:
         self.enabled += list(gs)
         self.groups |= set(gs)
 
+    def hand_back(self, g):
+        self.groups.discard(g)
+
 
 def drive(tuner, times, start=1):
     msgs = []

@@ -229,7 +229,7 @@ class Balancer:
         for g in back:
             # Its next gradient goes to the CPU worker. The CPU then reads g's host m, v:
             # the device wrote them back on the d2h stream before that gradient's copy.
-            self.u.groups.discard(g)
+            self.u.hand_back(g)
         if added or back:
             s = model(set(self.u.groups))
             self.log.append({"step": e.step_count, "added": added, "back": back,

@@ -69,13 +69,20 @@ class DeviceUpdater:
         # (opt-in, balance.py: the shortest predicted step, moving either way)
         self.policy = "backlog"
         self.balancer = None
-        # Opt-in (session 14, unmeasured): no 16-bit copy of a device update goes back to
-        # the host. The next forward finds such a block kept (keep.py) or in its slot, or
-        # else loads its fp32 master (storage.HostState.stale): 2 B/param less out in the
-        # stretch of backward where both copy directions are the limit (the session-14
-        # profile at 3b-16k: ~130 ms of compute idle per step there, none elsewhere),
-        # and no ring of 16-bit buffers on the device.
+        # Opt-in (session 14: no faster alone, bench/NOTES.md): no 16-bit copy of a device
+        # update goes back to the host when the next forward will find the block on the
+        # device (kept by keep.py, or still in its slot); should it not, it loads the fp32
+        # master (storage.HostState.stale). 2 B/param less out in the stretch of backward
+        # where both copy directions are the limit (session 14's profile at 3b-16k: ~130
+        # ms of compute idle per step there, none elsewhere).
         self.lazy_copies = False
+        # Opt-in (session 14, unmeasured): this many device-updated blocks, the first of
+        # backward's device stretch, keep their m and v on the device between steps: 16
+        # B/param less over the link where both directions are the limit, 8 B/param of
+        # device memory each (the host's m, v are brought up to date by synchronize(), and
+        # when a group's AdamW goes back to the CPU: `hand_back`).
+        self.resident_mv = 0
+        self._resident: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self.groups: set[int] = set()
         self._mv: dict[int, tuple[torch.Tensor, torch.Tensor, object, int | None]] = {}
         self._ring = None  # 2 buffers of m|v for blocks (rest's are allocated per step)
@@ -118,7 +125,7 @@ class DeviceUpdater:
                     # computing and those the runner prefetches (block_slots - 2)
                     k = max(2, self.e.block_slots - 1)
                     self._ring = Ring(self.e.lanes, k, 2 * block)
-                    if self.e.host.copy[g] is not None and not self.lazy_copies:
+                    if self.e.host.copy[g] is not None:
                         self._ring16 = Ring(self.e.lanes, k, block, self.e.compute_dtype)
                         grew += self._ring16.bytes()
         grew += (self._ring.bytes() if self._ring is not None else 0) - before
@@ -129,16 +136,62 @@ class DeviceUpdater:
             # The step after re-measures.
             self.e._other_peak += grew
 
+    def resident(self, g: int) -> bool:
+        """Do g's m and v stay on the device (resident_mv: the device blocks backward
+        reaches first, rest never)?"""
+        if not g or g not in self.groups or not self.resident_mv:
+            return False
+        top = sorted((b for b in self.groups if b), reverse=True)[:self.resident_mv]
+        return g in top
+
+    def hand_back(self, g: int) -> None:
+        """Group g's AdamW goes back to the CPU: its next gradient goes to the worker,
+        which reads the host's m and v, so resident ones are written back first."""
+        self.groups.discard(g)
+        self._write_back(g)
+
+    def _write_back(self, g: int) -> None:
+        mv = self._resident.pop(g, None)
+        if mv is None:
+            return
+        lanes, opt = self.e.lanes, self.e.opt
+        with lanes.on(lanes.d2h):
+            # Stream wait: the last update of m, v was enqueued on the compute stream.
+            lanes.wait(lanes.d2h, lanes.event())
+            opt.m[g].copy_(mv[0], non_blocking=True)
+            opt.v[g].copy_(mv[1], non_blocking=True)
+            self.ready_events[g] = lanes.event(lanes.d2h)
+        if lanes.cuda:
+            for t in mv:   # buffer reuse: freed only after the d2h stream read them
+                t.record_stream(lanes.d2h)
+
     def prefetch(self, g: int) -> None:
         """Start copying group g's m and v to the device (no-op if not a device group)."""
+        for r in [r for r in self._resident if not self.resident(r)]:
+            self._write_back(r)   # no longer among the resident (the device groups changed)
         if g not in self.groups or g in self._mv:
             return
         lanes, opt = self.e.lanes, self.e.opt
         n = opt.m[g].numel()
+        if g in self._resident:
+            m, v = self._resident[g]
+            self._mv[g] = (m, v, None, None)   # current on the compute stream already
+            return
         with lanes.on(lanes.h2d):
             # Stream wait: last step's d2h of this group's m, v must have landed.
             lanes.wait(lanes.h2d, self.ready_events.get(g))
-            if g and self._ring is not None:
+            if self.resident(g):
+                # Allocated once on the h2d stream, then used and updated on compute only
+                # (a buffer of their own on a CPU device too, where .to() would alias).
+                i = None
+                m = torch.empty_like(opt.m[g], device=lanes.device)
+                v = torch.empty_like(opt.v[g], device=lanes.device)
+                m.copy_(opt.m[g], non_blocking=True)
+                v.copy_(opt.v[g], non_blocking=True)
+                self._resident[g] = (m, v)
+                if getattr(self.e, "_other_peak", None) is not None:
+                    self.e._other_peak += 8 * n   # held from now on (see enable)
+            elif g and self._ring is not None:
                 i, buf = self._ring.take(lanes.h2d)
                 m, v = buf[:n], buf[n:2 * n]
                 m.copy_(opt.m[g], non_blocking=True)
@@ -188,30 +241,33 @@ class DeviceUpdater:
         self.prefetch(g)
         m, v, ev, ring_i = self._mv.pop(g)
         lanes.wait(lanes.compute, ev)  # stream wait: m, v landed on the device
+        keep_mv = g in self._resident
         # Stream wait: the weights are written in place below, and when they were not
         # reloaded since g's last update (its slot kept, or rest's resident buffer) that
         # update's write-back may still be reading them on a d2h stream running behind.
         lanes.wait(lanes.compute, self.ready_events.get(g))
-        if lanes.cuda and ring_i is None:
+        if lanes.cuda and ring_i is None and not keep_mv:
             # Buffer reuse: m, v were allocated on the h2d stream, used on compute.
             m.record_stream(lanes.compute)
             v.record_stream(lanes.compute)
         found_inf = (~torch.isfinite(sq)).float().reshape(())
         e.opt.device_step(g, w32, grad, m, v, found_inf)
+        e.cache.updated_in_place(g, w32)
+        # A copy for the next forward, where the budget has room (keep.py). Cast before
+        # the event the write-back waits on: the slot's next fill waits for that
+        # write-back, so it cannot overwrite w32 before this cast has read it.
+        kept = bool(g) and e.keep.offer(g, w32)
         copy = e.host.copy[g]
-        if copy is not None and (self.lazy_copies or self._ring16 is None):
-            e.host.stale.add(g)   # the host's copy is not sent: the master is current only
+        if copy is not None and self.lazy_copies and (kept or g <= len(e.cache.slots)):
+            # The next forward finds g on the device (kept, or still in its slot): the
+            # host's copy is not sent and is stale until g's next CPU update or refresh
+            # (a forward that misses g on the device loads its fp32 master then).
+            e.host.stale.add(g)
             copy = None
         if copy is not None:   # the host's 16-bit copy, cast here where the weights are
             i16, w16 = self._ring16.take()
             w16 = w16[:w32.numel()]
             w16.copy_(w32)
-        e.cache.updated_in_place(g, w32)
-        if g:
-            # A copy for the next forward, where the budget has room (keep.py). Cast before
-            # the event the write-back waits on: the slot's next fill waits for that
-            # write-back, so it cannot overwrite w32 before this cast has read it.
-            e.keep.offer(g, w32)
         with lanes.on(lanes.d2h):
             # Stream wait: the update is enqueued on the compute stream.
             lanes.wait(lanes.d2h, lanes.event())
@@ -219,8 +275,9 @@ class DeviceUpdater:
             if copy is not None:
                 copy.copy_(w16, non_blocking=True)
             weights = lanes.event(lanes.d2h)
-            e.opt.m[g].copy_(m, non_blocking=True)
-            e.opt.v[g].copy_(v, non_blocking=True)
+            if not keep_mv:   # resident m, v stay where they are (synchronize, hand_back)
+                e.opt.m[g].copy_(m, non_blocking=True)
+                e.opt.v[g].copy_(v, non_blocking=True)
             done = lanes.event(lanes.d2h)
         if copy is not None:
             self._ring16.give(i16, weights)   # buffer reuse: after the d2h copy read it
@@ -231,12 +288,13 @@ class DeviceUpdater:
         if lanes.cuda:
             # Buffer reuse: m, v (unless from the ring) and grad (unless the caller owns it)
             # may be recycled only after the d2h stream read them.
-            own = ([] if ring_i is not None else [m, v]) + ([] if keep_grad else [grad])
+            own = ([] if ring_i is not None or keep_mv else [m, v]) + \
+                ([] if keep_grad else [grad])
             for t in own:
                 t.record_stream(lanes.d2h)
         else:
             e.nonfinite_check(g, sq)
-        self.bytes_d2h += 12 * w32.numel()
+        self.bytes_d2h += (4 if keep_mv else 12) * w32.numel()
         self.ready_events[g] = done
         self.weights_ready[g] = weights
         return done
@@ -246,6 +304,15 @@ class DeviceUpdater:
         return self.weights_ready.get(g)
 
     def synchronize(self) -> None:
+        for g, (m, v) in self._resident.items():
+            # the host's m, v current (a checkpoint, the optimizer read through .model);
+            # the device's stay in use
+            with self.e.lanes.on(self.e.lanes.d2h):
+                # Stream wait: the last update of m, v was enqueued on the compute stream.
+                self.e.lanes.wait(self.e.lanes.d2h, self.e.lanes.event())
+                self.e.opt.m[g].copy_(m, non_blocking=True)
+                self.e.opt.v[g].copy_(v, non_blocking=True)
+                self.ready_events[g] = self.e.lanes.event(self.e.lanes.d2h)
         for ev in list(self.ready_events.values()) + list(self.weights_ready.values()):
             host_wait(ev)  # host sync: the host state must be final (save, model access)
 
@@ -284,8 +351,7 @@ class DeviceUpdater:
             return gs
         block = self.e.cache.slots[0].buf.numel()   # as enable() sizes the ring
         ring = 2 * 2 * block * 4 + (2 * block * self.e.compute_dtype.itemsize
-                                    if self.e.host.copy[-1] is not None
-                                    and not self.lazy_copies else 0)
+                                    if self.e.host.copy[-1] is not None else 0)
         has_ring, out = self._ring is not None, []
         for g in gs:
             cost = 8 * self.e.groups[0].numel if g == 0 else 0 if has_ring else ring

@@ -60,7 +60,7 @@ class UpdateTuner:
             self.state = "done"
             return None
         self.group = g
-        self.u.groups.discard(g)     # its next gradient goes to the CPU worker
+        self.u.hand_back(g)     # its next gradient goes to the CPU worker
         self.trials += 1
         self.state, self.to_skip = "trial", self.skip
         return f"group {g}'s AdamW back to the CPU for a trial"
