@@ -39,19 +39,25 @@ N = 32768
 # are module attributes set for that variant only (session 11 also timed mmacc's first GEMM
 # as torch.mm: no faster, removed; its no-strips variant ran as fast as the strips)
 FIRST_1024, FIRST_512 = ({(plan_mod, "FIRST_PIECE"): d} for d in (1024, 512))
+# session 14's next: the last tile in 8 strips of 256 rows (bf16: a shorter tail after the
+# last copy in), or in 2 (fp32-16384: fewer, larger strip GEMMs)
+STRIPS_8 = {(plan_mod, "MAX_STRIPS"): 8, (plan_mod, "MIN_STRIP"): {"cuda": 256, "cpu": 4}}
+STRIPS_2 = {(plan_mod, "MAX_STRIPS"): 2}
 CASES = [
     # session 13: 8192-wide tiles (kernels 52.4 TFLOP/s against 51.0 in 4096-wide ones)
     # wait about 3 ms for their first 2048-deep pieces; plan.FIRST_PIECE cuts that wait
     ("fp32", 16384, [("auto", None, {}), ("8192", (8192, 8192, 16384, 2048), {}),
                      ("8192-first1024", (8192, 8192, 16384, 2048), FIRST_1024),
                      ("8192-first512", (8192, 8192, 16384, 2048), FIRST_512),
+                     ("8192-strips2", (8192, 8192, 16384, 2048), STRIPS_2),
                      ("rows-4096", (4096, 16384, 16384, 2048), {})]),
     ("fp32", N, [("auto", None, {})]),
     # session 13: C tiles as whole-width row strips, so that B's pieces (full rows of B)
     # and, with whole-K pieces, A's are contiguous copies; B crosses first, then A by strips
     ("bf16", N, [("auto", None, {}), ("4096x16384", (4096, 16384, N, 16384), {}),
                  ("rows-2048-K", (2048, N, N, N), {}), ("rows-4096-K", (4096, N, N, N), {}),
-                 ("rows-2048-8k", (2048, N, N, 8192), {})]),
+                 ("rows-2048-8k", (2048, N, N, 8192), {}),
+                 ("rows-2048-8k-strips8", (2048, N, N, 8192), STRIPS_8)]),
     ("tf32", N, [("auto", None, {}), ("rows-2048-K", (2048, N, N, N), {}),
                  ("rows-2048-8k", (2048, N, N, 8192), {})]),
 ]

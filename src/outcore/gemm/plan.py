@@ -247,7 +247,8 @@ def make_plan(m: int, n: int, k: int, *, host_dtype: torch.dtype, compute: str, 
     tile = _tile_arg(tile)   # hashable, and a bad tile is reported before any lookup
     from . import lone
     args = (m, n, k, host_dtype, compute, budget, tile, n_devices, device_type, tuple(layout),
-            lone.FLAT_TILES, FIRST_PIECE, SHARED_LONE_TILES)
+            lone.FLAT_TILES, FIRST_PIECE, SHARED_LONE_TILES, MAX_STRIPS,
+            MIN_STRIP.get(device_type))
     if rates is not None:
         return _search(*args, rates)
     return _cached_search(*args)
@@ -262,8 +263,9 @@ def _cached_search(*args) -> GemmPlan:
 
 
 def _search(m, n, k, host_dtype, compute, budget, tile, n_devices, device_type, layout,
-            flat, first_piece, shared_lone, rates) -> GemmPlan:
-    """make_plan's work, on its normalized arguments."""
+            flat, first_piece, shared_lone, _max_strips, _min_strip, rates) -> GemmPlan:
+    """make_plan's work, on its normalized arguments (the strip settings, read by
+    with_strips, are in them only to key the plan cache)."""
     plan = None
     if n_devices > 1 and device_type == "cuda" and tile[0] is None and shared_lone:
         from .shared import shared   # shared.py imports this module
