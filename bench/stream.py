@@ -167,7 +167,7 @@ def run_outcore(args) -> dict:
             # the engine's copies as it resolved them ("auto": "fused" or False)
             "host_weight_copy": str(eng.host_weight_copy),
             "lazy_copies": eng.updater.lazy_copies,
-            "resident_mv_blocks": sorted(eng.updater._resident),
+            "resident_mv_blocks": eng.updater.resident.blocks(),
             "deferred_blocks": sorted(eng.deferred.groups),
             "deferred_params": sum(eng.groups[g].numel for g in eng.deferred.groups)}
 

@@ -23,7 +23,7 @@ class FakeEngine:
         tuner = SimpleNamespace(busy=lambda: self.n < self.tuning_until, log=[]) \
             if self.tuning_until else None
         self.updater = SimpleNamespace(order="tail", tuner=tuner, groups=set(), balancer=None,
-                                       _resident={})
+                                       resident=SimpleNamespace(blocks=lambda: []))
         self.stats = SimpleNamespace(compute_s=0.1, copy_wait_s=0.0, optimizer_wait_s=0.0,
                                      forward_s=0.03, backward_s=0.07,
                                      peak_device_bytes=0, peak_reserved_bytes=0,

@@ -29,7 +29,7 @@ def run(model, resident: int, steps: int = 5, back_at: int = 3):
         if s == back_at:
             eng.updater.hand_back(6)   # resident: its m, v go back before the CPU's update
         losses.append(eng.train_step(batch(s)))
-        held.append(sorted(eng.updater._resident))
+        held.append(eng.updater.resident.blocks())
     eng.synchronize()
     state = [t.clone() for t in eng.host.master + eng.opt.m + eng.opt.v if t is not None]
     out = losses, state, eng.updater.bytes_d2h, eng.updater.bytes_h2d, held

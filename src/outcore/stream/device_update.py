@@ -21,6 +21,7 @@ import torch
 from ..errors import OutcoreError
 from ..memory import pin_
 from ..transfer import host_wait
+from .resident_mv import ResidentMV
 
 
 def check_option(v, hold_updates: bool, cuda: bool):
@@ -76,13 +77,9 @@ class DeviceUpdater:
         # where both copy directions are the limit (session 14's profile at 3b-16k: ~130
         # ms of compute idle per step there, none elsewhere).
         self.lazy_copies = False
-        # Opt-in (session 14, unmeasured): this many device-updated blocks, the first of
-        # backward's device stretch, keep their m and v on the device between steps: 16
-        # B/param less over the link where both directions are the limit, 8 B/param of
-        # device memory each (the host's m, v are brought up to date by synchronize(), and
-        # when a group's AdamW goes back to the CPU: `hand_back`).
-        self.resident_mv = 0
-        self._resident: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        # Opt-in (session 14): the first device blocks of backward keep m, v on the
+        # device between steps (resident_mv.py; `resident_mv` sets how many)
+        self.resident = ResidentMV(self)
         self.groups: set[int] = set()
         self._mv: dict[int, tuple[torch.Tensor, torch.Tensor, object, int | None]] = {}
         self._ring = None  # 2 buffers of m|v for blocks (rest's are allocated per step)
@@ -136,61 +133,37 @@ class DeviceUpdater:
             # The step after re-measures.
             self.e._other_peak += grew
 
-    def resident(self, g: int) -> bool:
-        """Do g's m and v stay on the device (resident_mv: the device blocks backward
-        reaches first, rest never)?"""
-        if not g or g not in self.groups or not self.resident_mv:
-            return False
-        top = sorted((b for b in self.groups if b), reverse=True)[:self.resident_mv]
-        return g in top
+    @property
+    def resident_mv(self) -> int:
+        return self.resident.count
+
+    @resident_mv.setter
+    def resident_mv(self, n: int) -> None:
+        self.resident.count = n
 
     def hand_back(self, g: int) -> None:
         """Group g's AdamW goes back to the CPU: its next gradient goes to the worker,
         which reads the host's m and v, so resident ones are written back first."""
         self.groups.discard(g)
-        self._write_back(g)
-
-    def _write_back(self, g: int) -> None:
-        mv = self._resident.pop(g, None)
-        if mv is None:
-            return
-        lanes, opt = self.e.lanes, self.e.opt
-        with lanes.on(lanes.d2h):
-            # Stream wait: the last update of m, v was enqueued on the compute stream.
-            lanes.wait(lanes.d2h, lanes.event())
-            opt.m[g].copy_(mv[0], non_blocking=True)
-            opt.v[g].copy_(mv[1], non_blocking=True)
-            self.ready_events[g] = lanes.event(lanes.d2h)
-        if lanes.cuda:
-            for t in mv:   # buffer reuse: freed only after the d2h stream read them
-                t.record_stream(lanes.d2h)
+        self.resident.write_back(g)
 
     def prefetch(self, g: int) -> None:
         """Start copying group g's m and v to the device (no-op if not a device group)."""
-        for r in [r for r in self._resident if not self.resident(r)]:
-            self._write_back(r)   # no longer among the resident (the device groups changed)
+        self.resident.release_unwanted()
         if g not in self.groups or g in self._mv:
             return
         lanes, opt = self.e.lanes, self.e.opt
         n = opt.m[g].numel()
-        if g in self._resident:
-            m, v = self._resident[g]
-            self._mv[g] = (m, v, None, None)   # current on the compute stream already
+        held = self.resident.held(g)
+        if held is not None:
+            self._mv[g] = (*held, None, None)   # current on the compute stream already
             return
         with lanes.on(lanes.h2d):
             # Stream wait: last step's d2h of this group's m, v must have landed.
             lanes.wait(lanes.h2d, self.ready_events.get(g))
-            if self.resident(g):
-                # Allocated once on the h2d stream, then used and updated on compute only
-                # (a buffer of their own on a CPU device too, where .to() would alias).
+            if self.resident.wanted(g):
                 i = None
-                m = torch.empty_like(opt.m[g], device=lanes.device)
-                v = torch.empty_like(opt.v[g], device=lanes.device)
-                m.copy_(opt.m[g], non_blocking=True)
-                v.copy_(opt.v[g], non_blocking=True)
-                self._resident[g] = (m, v)
-                if getattr(self.e, "_other_peak", None) is not None:
-                    self.e._other_peak += 8 * n   # held from now on (see enable)
+                m, v = self.resident.allocate(g)
             elif g and self._ring is not None:
                 i, buf = self._ring.take(lanes.h2d)
                 m, v = buf[:n], buf[n:2 * n]
@@ -241,7 +214,7 @@ class DeviceUpdater:
         self.prefetch(g)
         m, v, ev, ring_i = self._mv.pop(g)
         lanes.wait(lanes.compute, ev)  # stream wait: m, v landed on the device
-        keep_mv = g in self._resident
+        keep_mv = self.resident.held(g) is not None
         # Stream wait: the weights are written in place below, and when they were not
         # reloaded since g's last update (its slot kept, or rest's resident buffer) that
         # update's write-back may still be reading them on a d2h stream running behind.
@@ -304,15 +277,7 @@ class DeviceUpdater:
         return self.weights_ready.get(g)
 
     def synchronize(self) -> None:
-        for g, (m, v) in self._resident.items():
-            # the host's m, v current (a checkpoint, the optimizer read through .model);
-            # the device's stay in use
-            with self.e.lanes.on(self.e.lanes.d2h):
-                # Stream wait: the last update of m, v was enqueued on the compute stream.
-                self.e.lanes.wait(self.e.lanes.d2h, self.e.lanes.event())
-                self.e.opt.m[g].copy_(m, non_blocking=True)
-                self.e.opt.v[g].copy_(v, non_blocking=True)
-                self.ready_events[g] = self.e.lanes.event(self.e.lanes.d2h)
+        self.resident.sync()   # the host's m, v current (a checkpoint, .model)
         for ev in list(self.ready_events.values()) + list(self.weights_ready.values()):
             host_wait(ev)  # host sync: the host state must be final (save, model access)
 
