@@ -421,6 +421,9 @@ def main() -> int:
                     "small enough to balance throughout (2048 at 32768 on two; the rule before "
                     "session 14's outcore.gemm.shared) instead of the lone tiles with the end "
                     "in strips")
+    ap.add_argument("--max-strips", type=int, help="a lone GPU's last tile in up to this "
+                    "many row strips (outcore.gemm.plan.MAX_STRIPS, default 4; above 4 a strip "
+                    "keeps 256 rows at least instead of 512)")
     ap.add_argument("--gpus", type=int, help="GPUs to use (default: every visible one; with "
                     "--smoke, that many CPU workers for the multi-device cases, default 2)")
     ap.add_argument("--out", help="results file, or a bare name for bench/results/NAME.json "
@@ -430,6 +433,11 @@ def main() -> int:
     if args.square_tiles:
         import outcore.gemm.lone as lone
         lone.FLAT_TILES = False
+    if args.max_strips:
+        import outcore.gemm.plan as plan_mod
+        plan_mod.MAX_STRIPS = args.max_strips
+        if args.max_strips > 4:
+            plan_mod.MIN_STRIP = dict(plan_mod.MIN_STRIP, cuda=256)
     if args.small_shared_tiles:
         import outcore.gemm.plan as plan_mod
         plan_mod.SHARED_LONE_TILES = False

@@ -114,6 +114,12 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
     "thp-tests": [(150, PY + [B + "adamw_cast.py", "--out", "adamw-cast-h200-thp0"]),
                   (150, PY + [B + "adamw_cast.py", "--thp", "--out", "adamw-cast-h200-thp1"]),
                   (240, PY + ["-m", "pytest", "-q", "-x", "tests/stream/test_gpu.py"])],
+    # nvidia-h200 (session 14, the last 260 s): the probe's strip variants, then the square
+    # cases with the default strips (4) and with 8
+    "strips-ab": [(90, PY + [B + "gemm_probe.py"]),
+                  (75, PY + [B + "gemm.py", "--no-train", "--out", "gemm-h200-s14-sq"]),
+                  (75, PY + [B + "gemm.py", "--no-train", "--max-strips", "8", "--out",
+                             "gemm-h200-s14-sq-strips8"])],
     # nvidia-h200: the gemm GPU tests alone (the strip blocks have not run under them)
     "gemm-tests": [(150, PY + ["-m", "pytest", "-q", "-x", "tests/gemm/test_gemm_gpu.py"])],
     # nvidia-h200: the in-core rates of the tiles' GEMM shapes, then plan variants (flat
