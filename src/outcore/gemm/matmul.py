@@ -158,5 +158,8 @@ def execute(job: GemmJob, devices, stats: GemmStats, progress: bool = False,
             with lock:
                 bar.update(n_done)
         workers = [worker_cls(d, job, s, tick) for d, s in zip(devices, stats.devices)]
+        # The strips come after every whole tile (also on a lone device, where a prologue's
+        # first task then takes the whole tiles and the strips follow: session 14's
+        # records ran so)
         run_workers(TileQueue(tiles, len(devices), tail=p.tail_tasks), workers,
                     first=p.first_task)

@@ -56,7 +56,8 @@ class TileQueue:
             while len(out) < n and p < end and not self._claimed[p]:
                 self._claimed[p] = True
                 out.append(self.tiles[p])
-                self._head_left -= p < self._head
+                if p < self._head:
+                    self._head_left -= 1
                 p += 1
             self._cursor[dev] = p
             self._left -= len(out)
