@@ -34,9 +34,9 @@ def test_band_order_covers_grid_and_neighbours_share_a_panel(mt, nt, band, resid
 
 @settings(max_examples=60, deadline=None)
 @given(st.integers(0, 60), st.integers(1, 5), st.lists(st.integers(1, 4), min_size=1,
-                                                       max_size=40))
-def test_every_tile_is_handed_out_exactly_once(n_tiles, n_dev, sizes):
-    q = TileQueue(list(range(n_tiles)), n_dev)
+                                                       max_size=40), st.integers(0, 70))
+def test_every_tile_is_handed_out_exactly_once(n_tiles, n_dev, sizes, tail):
+    q = TileQueue(list(range(n_tiles)), n_dev, tail=tail)
     got, d = [], 0
     for s in sizes * 30:
         got += q.pull(d % n_dev, s)
@@ -45,6 +45,9 @@ def test_every_tile_is_handed_out_exactly_once(n_tiles, n_dev, sizes):
         got += q.pull(d % n_dev, 1)
         d += 1
     assert sorted(got) == list(range(n_tiles))
+    # the tail (the order's last `tail` tiles) after every other tile
+    head = n_tiles - min(tail, n_tiles)
+    assert sorted(got[:head]) == list(range(head))
     assert q.pull(0) == []
     assert sum(q.taken) == n_tiles
 
