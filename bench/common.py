@@ -101,13 +101,18 @@ def table(rows: list[dict], cols: list[str]) -> str:
 
 
 # ---- a profiler trace, reduced per CUDA stream -----------------------------------------
-def trace_streams(trace_path: str, top_gaps: int = 8) -> dict:
-    """Per-stream busy time, span and copy rate from a chrome trace (torch.profiler's
-    export_chrome_trace), and the `top_gaps` longest idle gaps of the stream that ran the
-    most kernel time: where they start (s from the trace's first device op) and which
-    kernels they sit between."""
+def trace_events(trace_path: str) -> list[dict]:
+    """The events of a chrome trace (torch.profiler's export_chrome_trace)."""
     with open(trace_path) as f:
-        ev = json.load(f)["traceEvents"]
+        return json.load(f)["traceEvents"]
+
+
+def trace_streams(trace, top_gaps: int = 8) -> dict:
+    """Per-stream busy time, span and copy rate from a chrome trace (a path, or its
+    trace_events), and the `top_gaps` longest idle gaps of the stream that ran the most
+    kernel time: where they start (s from the trace's first device op) and which kernels
+    they sit between."""
+    ev = trace_events(trace) if isinstance(trace, str) else trace
     per: dict = {}
     for e in ev:
         if e.get("ph") != "X" or e.get("cat") not in ("kernel", "gpu_memcpy", "gpu_memset"):
@@ -147,16 +152,15 @@ def trace_streams(trace_path: str, top_gaps: int = 8) -> dict:
     return out
 
 
-def trace_timeline(trace_path: str, out_path) -> int:
+def trace_timeline(trace, out_path) -> int:
     """A compact copy of a chrome trace for reading offline (the whole trace of two 3B
     steps is too large to bring back): every device op (kernel, copy, memset, and the
     engine's record_function phases as the device saw them) as [stream, start_us, dur_us,
     cat, name, bytes]; the phases on the host and every runtime call of 0.1 ms or more as
     [-1, start_us, dur_us, cat, name, 0]; times from the first device op. Gzipped JSON;
-    returns the number of rows."""
+    returns the number of rows. trace: a path, or its trace_events."""
     import gzip
-    with open(trace_path) as f:
-        ev = json.load(f)["traceEvents"]
+    ev = trace_events(trace) if isinstance(trace, str) else trace
     dev, host = [], []
     for e in ev:
         if e.get("ph") != "X":

@@ -433,13 +433,12 @@ def main() -> int:
     if args.square_tiles:
         import outcore.gemm.lone as lone
         lone.FLAT_TILES = False
+    import outcore.gemm.plan as plan_mod
     if args.max_strips:
-        import outcore.gemm.plan as plan_mod
         plan_mod.MAX_STRIPS = args.max_strips
         if args.max_strips > 4:
             plan_mod.MIN_STRIP = dict(plan_mod.MIN_STRIP, cuda=256)
     if args.small_shared_tiles:
-        import outcore.gemm.plan as plan_mod
         plan_mod.SHARED_LONE_TILES = False
     t_start = time.perf_counter()
     n_gpu = 0 if args.smoke else min(args.gpus or torch.cuda.device_count(),

@@ -94,8 +94,10 @@ def traffic(numels: list[int], device: set[int], copy_mode: str | None,
     and backward needs fp32), and in forward the device blocks between those two that
     keep.py keeps on the device (`kept` of them, the first updated: the highest).
     grad_bytes: per param of a CPU-updated block's gradient (2 where flow.half_grad).
-    lazy: DeviceUpdater.lazy_copies (no copy of a device update goes out; a device block
-    that forward does not find on the device loads its fp32 master)."""
+    lazy: DeviceUpdater.lazy_copies, counted as if no device update sent a copy out and
+    every device block that forward does not find on the device loaded its fp32 master
+    (the form session 14 measured first; since then only the blocks kept or left in a
+    slot skip their copy, so this undercounts d2h and overcounts forward h2d a little)."""
     n = len(numels)
     h2d = d2h = cpu = 0
     held = kept_blocks(n, device, n_slots, kept)

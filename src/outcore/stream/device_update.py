@@ -132,6 +132,9 @@ class DeviceUpdater:
             # the device (3b-64k) ran out of its budget right after groups moved here.
             # The step after re-measures.
             self.e._other_peak += grew
+        # groups added above a resident block push it out of the first resident_mv: its
+        # m, v go home now (the newcomers' come to stay at their first prefetch)
+        self.resident.release_unwanted()
 
     @property
     def resident_mv(self) -> int:
@@ -140,7 +143,7 @@ class DeviceUpdater:
     @resident_mv.setter
     def resident_mv(self, n: int) -> None:
         self.resident.count = n
-
+        self.resident.release_unwanted()
     def hand_back(self, g: int) -> None:
         """Group g's AdamW goes back to the CPU: its next gradient goes to the worker,
         which reads the host's m and v, so resident ones are written back first."""
@@ -149,7 +152,6 @@ class DeviceUpdater:
 
     def prefetch(self, g: int) -> None:
         """Start copying group g's m and v to the device (no-op if not a device group)."""
-        self.resident.release_unwanted()
         if g not in self.groups or g in self._mv:
             return
         lanes, opt = self.e.lanes, self.e.opt
