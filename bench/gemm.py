@@ -88,6 +88,8 @@ class Env:
     bufs: list = field(default_factory=list)
     bw: dict = field(default_factory=dict)
     incore: dict = field(default_factory=dict)
+    with_cpu: bool = False            # fp32 square cases: also the GPU with the CPU's band
+    keep: set | None = None           # --cases: the case names to run (None: all)
 
     def left(self) -> float:
         return self.deadline - time.perf_counter()
@@ -220,7 +222,8 @@ def run_incore(env: Env, c: Case, dev: torch.device) -> dict:
                  device=str(dev))
 
 
-def run_outcore(env: Env, c: Case, devices, check: bool = True) -> dict:
+def run_outcore(env: Env, c: Case, devices, check: bool = True,
+                system: str = "outcore") -> dict:
     A, B, C = env.views(c)
     kw = dict(transa=c.transa, transb=c.transb, compute=c.compute, devices=list(devices))
     stats = []
@@ -232,10 +235,11 @@ def run_outcore(env: Env, c: Case, devices, check: bool = True) -> dict:
     times = median_s(once, env.runs, lambda: None)
     t = statistics.median(times)
     st = stats[-1]
-    row = c.row("outcore", tflops=c.flops / t / 1e12, wall_s=t, runs_s=times,
+    row = c.row(system, tflops=c.flops / t / 1e12, wall_s=t, runs_s=times,
                 devices=[str(d) for d in devices], h2d_bytes=st.h2d_bytes,
                 d2h_bytes=st.d2h_bytes, plan=st.plan,
-                tiles_per_device={d.device: d.tiles for d in st.devices})
+                tiles_per_device={d.device: d.tiles for d in st.devices},
+                flops_share={d.device: d.flops / st.flops for d in st.devices})
     if check:
         rng = np.random.default_rng(0)
         idx = list(zip(rng.integers(0, c.m, 16), rng.integers(0, c.n, 16)))
@@ -327,8 +331,9 @@ def estimate_s(c: Case, env: Env) -> float:
 
 def one_gpu(env: Env, rows: list, dropped: list, train: bool, bar) -> None:
     dev = env.devices[0]
-    cases = square_cases(env.smoke)
-    tcases = train_cases(env.smoke) if train else []
+    cases = [c for c in square_cases(env.smoke) if env.keep is None or c.name in env.keep]
+    tcases = [c for c in (train_cases(env.smoke) if train else [])
+              if env.keep is None or c.name in env.keep]
     fixed = sum(estimate_s(c, env) for c in cases)
     room = env.left() - fixed - 20
     for c in sorted(tcases, key=lambda c: -c.flops):   # drop the largest first
@@ -344,6 +349,10 @@ def one_gpu(env: Env, rows: list, dropped: list, train: bool, bar) -> None:
         guarded(rows, lambda: run_incore(env, c, dev), c, "torch-incore", env, est)
         guarded(rows, lambda: bound_row(env, c, [dev]), c, "bound", env)
         guarded(rows, lambda: run_outcore(env, c, [dev]), c, "outcore", env, est)
+        if env.with_cpu and c in cases and c.compute in ("fp32", "fp64"):
+            host = [dev, torch.device("cpu")]
+            guarded(rows, lambda: run_outcore(env, c, host, system="outcore+cpu"), c,
+                    "outcore+cpu", env, est)
         guarded(rows, lambda: run_cublasxt(env, c, [dev]), c, "cublasxt", env, est)
         bar.update(1)
 
@@ -426,6 +435,11 @@ def main() -> int:
                     "keeps 256 rows at least instead of 512)")
     ap.add_argument("--gpus", type=int, help="GPUs to use (default: every visible one; with "
                     "--smoke, that many CPU workers for the multi-device cases, default 2)")
+    ap.add_argument("--with-cpu", action="store_true", help="one GPU, fp32 square cases: "
+                    "also the row outcore+cpu, the GPU with the host's CPU multiplying a band "
+                    "of C's rows (outcore.gemm.band)")
+    ap.add_argument("--cases", help="one GPU: comma-separated case names to run (default: "
+                    "all)")
     ap.add_argument("--out", help="results file, or a bare name for bench/results/NAME.json "
                     "(default bench/results/gemm-<machine>.json; smoke: "
                     "/tmp/outcore-bench/gemm-smoke.json)")
@@ -448,7 +462,7 @@ def main() -> int:
         return 2
     devices = [torch.device("cpu")] * max(2, args.gpus or 2) if args.smoke else \
         [torch.device("cuda", i) for i in range(n_gpu)]
-    env = Env(args.smoke, args.runs, t_start + args.budget_s, devices)
+    env = Env(args.smoke, args.runs, t_start + args.budget_s, devices, with_cpu=args.with_cpu)
     gpus = [torch.cuda.get_device_name(d) for d in devices] if n_gpu else ["cpu"]
     slug = "h200" if "H200" in gpus[0] else gpus[0].lower().replace(" ", "-")
     machine = "cpu-smoke" if args.smoke else f"nvidia-{slug}" + (f"-x{n_gpu}" if n_gpu >= 2
@@ -461,6 +475,13 @@ def main() -> int:
         [] if n_gpu >= 2 else square_cases(args.smoke) + train_cases(args.smoke))
     if args.smoke:
         cases = square_cases(True) + train_cases(True) + multi_cases(True, len(devices))
+    if args.cases:
+        keep = set(args.cases.split(","))
+        cases = [c for c in cases if c.name in keep]
+        if not cases:
+            print(f"bench/gemm.py: no case named {args.cases}", file=sys.stderr)
+            return 2
+        env.keep = keep
     numel = max(max(c.m * c.k, c.k * c.n, c.m * c.n) for c in cases)
     t0 = time.perf_counter()
     env.bufs = [torch.empty(numel) for _ in range(3)]
@@ -512,13 +533,16 @@ def print_table(rows: list) -> None:
     for r in rows:
         by.setdefault(r["case"], {})[r["system"]] = r
     systems = ["outcore", "cublasxt", "torch-incore", "bound"]
+    if any(r["system"] == "outcore+cpu" for r in rows):
+        systems.insert(1, "outcore+cpu")
     print(f"\n{'case':34s}" + "".join(f"{s:>14s}" for s in systems) + f"{'out/bound':>11s}"
           f"{'out/xt':>8s}   (TFLOP/s)")
     for case, r in by.items():
-        vals = [r.get(s, {}).get("tflops") for s in systems]
-        cells = "".join(f"{v:14.2f}" if v is not None else f"{'-':>14s}" for v in vals)
+        vals = {s: r.get(s, {}).get("tflops") for s in systems}
+        cells = "".join(f"{v:14.2f}" if v is not None else f"{'-':>14s}" for v in vals.values())
         ratio = lambda a, b: f"{a / b:.2f}" if a is not None and b else "-"
-        print(f"{case:34s}{cells}{ratio(vals[0], vals[3]):>11s}{ratio(vals[0], vals[1]):>8s}")
+        print(f"{case:34s}{cells}{ratio(vals['outcore'], vals['bound']):>11s}"
+              f"{ratio(vals['outcore'], vals['cublasxt']):>8s}")
 
 
 if __name__ == "__main__":

@@ -120,6 +120,12 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
                   (75, PY + [B + "gemm.py", "--no-train", "--out", "gemm-h200-s14-sq"]),
                   (75, PY + [B + "gemm.py", "--no-train", "--max-strips", "8", "--out",
                              "gemm-h200-s14-sq-strips8"])],
+    # nvidia-h200 (session 15): the gemm GPU tests (the CPU's band among them), then the
+    # square fp32 cases with and without the host's band beside the GPU, and bf16, 5 runs
+    "band-ab": [(170, PY + ["-m", "pytest", "-q", "-x", "tests/gemm/test_gemm_gpu.py"]),
+                (300, PY + [B + "gemm.py", "--with-cpu", "--cases",
+                            "fp32-16384,fp32-32768,bf16-32768", "--runs", "5", "--out",
+                            "gemm-h200-s15-band"])],
     # nvidia-h200: the gemm GPU tests alone (the strip blocks have not run under them)
     "gemm-tests": [(150, PY + ["-m", "pytest", "-q", "-x", "tests/gemm/test_gemm_gpu.py"])],
     # nvidia-h200: the in-core rates of the tiles' GEMM shapes, then plan variants (flat

@@ -90,6 +90,28 @@ def test_two_gpus_share_the_tiles():
     assert all(d.tiles > 0 for d in st.devices)
 
 
+@pytest.mark.parametrize("transa", [False, True])
+def test_the_cpu_beside_a_gpu_takes_a_band_of_rows(transa):
+    g = torch.Generator().manual_seed(3)
+    m = n = k = 8192          # about 25 ms on one H200: the host's band is a few hundred rows
+    A = torch.randn(k, m, generator=g).T if transa else torch.randn(m, k, generator=g)
+    B, C = torch.randn(k, n, generator=g), torch.randn(m, n, generator=g)
+    C0 = C.clone()
+    _, st = matmul(A, B, C, alpha=0.5, beta=2.0, devices="0,cpu", return_stats=True)
+    gpu, cpu = st.devices
+    assert cpu.device == "cpu" and cpu.flops > 0 and gpu.flops + cpu.flops == st.flops
+    assert "the CPU: C's last" in st.plan
+    rows = [slice(0, 64), slice(m - 64, m)]          # a sample of the GPU's and the band's
+    for r in rows:
+        check_close(C[r], A[r].double().numpy(), B.double().numpy(), C0[r].double().numpy(),
+                    0.5, 2.0, "fp32")
+    # bf16 on the host would be emulated far below the GPU's rate: the GPU takes it all
+    out, st = matmul(A[:512], B[:, :512], devices="0,cpu", compute="bf16", return_stats=True)
+    assert st.devices[1].flops == 0 and "the CPU sits out" in st.plan
+    check_close(out, A[:512].double().numpy(), B[:, :512].double().numpy(), None, 1.0, 0.0,
+                "bf16")
+
+
 def test_numpy_memmap_on_the_gpu(tmp_path):
     rng = np.random.default_rng(2)
     a = np.memmap(tmp_path / "a", dtype=np.float64, mode="w+", shape=(300, 200))

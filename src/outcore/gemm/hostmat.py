@@ -10,6 +10,7 @@ staging buffer with a host memcpy first.
 
 from __future__ import annotations
 
+import copy
 import warnings
 
 import numpy as np
@@ -60,6 +61,17 @@ class HostMatrix:
     @property
     def itemsize(self) -> int:
         return torch.empty((), dtype=self.dtype).element_size()
+
+    def region(self, r0: int, r1: int, c0: int, c1: int) -> "HostMatrix":
+        """S[r0:r1, c0:c1] as a HostMatrix of its own, sharing S's memory (pinning and
+        row-major layout carry over: a slice keeps the unit inner stride)."""
+        sub = copy.copy(self)
+        if self.t is not None:
+            sub.t = self.t[r0:r1, c0:c1]
+        else:
+            sub.np = self.np[r0:r1, c0:c1]
+        sub.shape = (r1 - r0, c1 - c0)
+        return sub
 
     def view(self, r0: int, r1: int, c0: int, c1: int) -> torch.Tensor | None:
         """S[r0:r1, c0:c1] as a torch view, or None (numpy-only matrix)."""

@@ -23,6 +23,7 @@ from tqdm import tqdm
 
 from ..errors import OutcoreError
 from ..units import fmt_bytes, parse_bytes
+from .band import BAND_COMPUTES, MIN_ROWS, Band, band_rows, band_threads, cpu_rate
 from .hostmat import HostMatrix
 from .plan import make_plan
 from .schedule import TileQueue, run_workers
@@ -86,7 +87,9 @@ def matmul(A, B, out=None, *, transa: bool = False, transb: bool = False, alpha:
         converted on the device, bf16 and tf32 accumulate in fp32 (a CPU worker runs
         tf32 as fp32, and bf16 as bf16 values multiplied in fp32).
     devices: None (every GPU, or the CPU when there is none), "cpu", 0, "cuda:1", "0,1"
-        or a list; each is a worker pulling tiles from one queue.
+        or a list; each is a worker pulling tiles from one queue. The CPU listed beside
+        GPUs ("0,cpu") instead multiplies a band of C's last rows on the host, sized by
+        its measured rate against the GPUs' predicted time (band.py; fp32 and fp64 only).
     gpu_memory: bytes (or "8GiB") each device may use for tiles and cache.
     tile: T, or (rows, cols[, depth[, copy piece depth]]) to force tile sizes.
     Returns out, or (out, GemmStats) with return_stats=True.
@@ -109,8 +112,12 @@ def matmul(A, B, out=None, *, transa: bool = False, transb: bool = False, alpha:
         check_out(out, m, n, dtype, A, B)
     compute = resolve_compute(compute, dtype)
     devs = resolve_devices(devices)
+    gpus = [d for d in devs if d.type == "cuda"]
+    # the CPU listed beside GPUs multiplies a band of C's last rows (band.py), not tiles
+    helper = bool(gpus) and len(gpus) < len(devs)
+    workers = gpus if helper else devs
     budget = resolve_budget(gpu_memory, devs)
-    labels = _labels(devs)
+    labels = _labels(workers) + (["cpu"] if helper else [])
     stats = GemmStats(m, n, k, compute, plan="", devices=[DeviceStats(s) for s in labels])
     if m == 0 or n == 0:
         return (out, stats) if return_stats else out
@@ -125,20 +132,31 @@ def matmul(A, B, out=None, *, transa: bool = False, transb: bool = False, alpha:
         A, B, transa, transb, m, n = B, A, not transb, not transa, n, m
     ha, hb = HostMatrix(A, "A"), HostMatrix(B, "B")
     ta, tb = transa ^ ha.flipped, transb ^ hb.flipped
+    kw = dict(host_dtype=dtype, compute=compute, budget=budget, tile=tile,
+              device_type="cuda" if gpus else "cpu", layout=(ta, tb))
     try:
-        plan = make_plan(m, n, k, host_dtype=dtype, compute=compute, budget=budget, tile=tile,
-                         n_devices=len(devs),
-                         device_type="cuda" if any(d.type == "cuda" for d in devs) else "cpu",
-                         layout=(ta, tb))
+        band = Band(ha, hb, hc, ta, tb, alpha, beta, m, m, band_threads(len(gpus)))
+        if helper and compute in BAND_COMPUTES and band.views() is not None:
+            # the GPUs' time for the whole product by the planner's model (a shared plan
+            # has no estimate: a lone GPU's, shared evenly)
+            gpu_s = make_plan(m, n, k, n_devices=1, **kw).est_seconds / len(gpus)
+            band.r0 = m - band_rows(m, n, k, gpu_s, cpu_rate(dtype, band.threads))
+        plan = make_plan(band.r0, n, k, n_devices=len(workers), **kw)
     except OutcoreError as e:
         given = parse_bytes(gpu_memory, "gpu_memory")
         if given is None or given == budget:
             raise
         raise OutcoreError(f"{e} (the gpu_memory={fmt_bytes(given)} given, less "
                            f"{fmt_bytes(given - budget)} kept for cuBLAS workspaces)") from None
-    stats.plan = plan.describe()
-    job = GemmJob(plan, ha, hb, hc, ta=ta, tb=tb, alpha=alpha, beta=beta)
-    execute(job, devs, stats, progress)
+    if helper:
+        plan_s = plan.describe()
+        stats.plan = (f"{plan_s}; the CPU: C's last {m - band.r0} rows" if band.r0 < m else
+                      f"{plan_s}; the CPU sits out (its share would be under "
+                      f"{MIN_ROWS} rows, or {compute} on the host is not worth it)")
+    else:
+        stats.plan = plan.describe()
+    job = band.job_above(plan)
+    execute(job, workers, stats, progress, band=band if band.r1 > band.r0 else None)
     if isinstance(out, np.memmap):
         out.flush()
     stats.wall_s = time.perf_counter() - t0
@@ -146,20 +164,47 @@ def matmul(A, B, out=None, *, transa: bool = False, transb: bool = False, alpha:
 
 
 def execute(job: GemmJob, devices, stats: GemmStats, progress: bool = False,
-            worker_cls=DeviceWorker) -> None:
-    """Run `job` (its plan and operands already fixed) on `devices`, one worker each."""
+            worker_cls=DeviceWorker, band: Band | None = None) -> None:
+    """Run `job` (its plan and operands already fixed) on `devices`, one worker each, and
+    `band` (C rows below the job's) on the host meanwhile, into stats.devices[-1]."""
     tiles = job.plan.tiles()
     lock = threading.Lock()
     p = job.plan
-    with _precision(p.compute, devices), tqdm(total=len(tiles), unit="tile",
+    total = len(tiles) + (band.chunks if band else 0)
+    with _precision(p.compute, devices), tqdm(total=total, unit="tile",
                                                disable=not progress,
                                                desc=f"gemm {p.m}x{p.n}x{p.k} {p.compute}") as bar:
         def tick(n_done: int) -> None:
             with lock:
                 bar.update(n_done)
         workers = [worker_cls(d, job, s, tick) for d, s in zip(devices, stats.devices)]
+        host = _BandThread(band, stats.devices[-1], tick) if band is not None else None
         # The strips come after every whole tile (also on a lone device, where a prologue's
         # first task then takes the whole tiles and the strips follow: session 14's
         # records ran so)
-        run_workers(TileQueue(tiles, len(devices), tail=p.tail_tasks), workers,
-                    first=p.first_task)
+        try:
+            run_workers(TileQueue(tiles, len(workers), tail=p.tail_tasks), workers,
+                        first=p.first_task)
+        finally:
+            if host is not None:
+                host.join()     # C's band is written before the product returns
+
+
+class _BandThread(threading.Thread):
+    """The host's band (band.py) beside the device workers; join() re-raises its error."""
+
+    def __init__(self, band: Band, stats: DeviceStats, tick):
+        super().__init__(name="outcore-gemm-band", daemon=True)
+        self.band, self.stats, self.tick, self.error = band, stats, tick, None
+        self.start()
+
+    def run(self) -> None:
+        try:
+            self.band.run(self.stats, self.tick)
+        except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
+            self.error = e
+
+    def join(self, timeout=None) -> None:
+        super().join(timeout)
+        if self.error is not None:
+            raise self.error

@@ -1,0 +1,141 @@
+"""The CPU beside GPUs: a band of C's last rows, sized so that it ends with the GPUs.
+
+    rows = band_rows(m, n, k, gpu_s=plan.est_seconds, cpu_flops=cpu_rate(torch.float32, 14))
+    Band(a, b, c, ta, tb, alpha, beta, m - rows, m, threads).run(stats)   # beside the GPUs
+
+GPUs pull C tiles sized for GPUs (8192 x 8192 at fp32-16384): a CPU worker pulling from
+the same queue would take one such tile and finish it seconds after the GPUs (0.8-1.2
+TFLOP/s fp32 on the H200 host's 16 cores, `bench/results/cpu-gemm-h200.json`, against
+about 50 on the GPU). So where the devices list GPUs and the CPU, the CPU multiplies a fixed
+band of C's last rows straight on the host matrices (no copies), as many rows as it does
+in SAFETY of the time the planner's model gives the GPUs for the rest, and the GPUs run
+their plan on the rows above. A band the CPU would take under MIN_ROWS rows for (a slow
+CPU, a bf16 product) is not worth its threads: the GPUs then take everything.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from functools import lru_cache
+
+import torch
+
+from .hostmat import HostMatrix
+from .plan import GemmPlan
+from .stats import DeviceStats
+from .worker import GemmJob
+
+SAFETY = 0.9        # the band's predicted time against the GPUs': a late band holds C back
+MIN_ROWS = 64       # fewer rows: the CPU sits out
+ALIGN = 64          # band rows in multiples of this (the GPUs' rows stay tile-friendly)
+CHUNK_ROWS = 512    # rows per host GEMM (the host's rate rises with rows up to about this)
+PROBE = (256, 4096, 4096)   # rows, k, n of the rate probe: about 9 GFLOP, ~10 ms at 1 TFLOP/s
+# computes a CPU band runs: fp32 and fp64 in their own dtype (tf32 as fp32, more exact);
+# bf16 on fp32 data would be emulated on the host, far below the GPU's rate
+BAND_COMPUTES = ("fp32", "tf32", "fp64")
+
+
+def band_threads(n_gpus: int) -> int:
+    """Host threads for the band: a core kept for each GPU worker's host thread (it
+    enqueues the GPU's copies and GEMMs; a late enqueue idles the GPU) and one spare."""
+    return max(1, (os.cpu_count() or 1) - n_gpus - 1)
+
+
+@lru_cache(maxsize=None)
+def cpu_rate(dtype: torch.dtype, threads: int) -> float:
+    """FLOP/s of one PROBE-sized host GEMM in `dtype` with `threads` threads (measured once
+    per process: a warm-up, then the faster of two runs)."""
+    rows, k, n = PROBE
+    a, b = torch.randn(rows, k, dtype=dtype), torch.randn(k, n, dtype=dtype)
+    with _threads(threads):
+        torch.mm(a, b)
+        best = float("inf")
+        for _ in range(2):
+            t = time.perf_counter()
+            torch.mm(a, b)
+            best = min(best, time.perf_counter() - t)
+    return 2.0 * rows * k * n / best
+
+
+def band_rows(m: int, n: int, k: int, gpu_s: float, cpu_flops: float,
+              safety: float = SAFETY) -> int:
+    """Rows r of C for the CPU: r rows at `cpu_flops` take `safety` of the GPUs' time for
+    the other m - r rows (`gpu_s` for all m, linear in rows); 0 below MIN_ROWS."""
+    if m <= 0 or gpu_s <= 0 or cpu_flops <= 0:
+        return 0
+    f = safety * gpu_s * cpu_flops / (2.0 * m * n * k)
+    rows = int(m * f / (1.0 + f)) // ALIGN * ALIGN
+    return rows if MIN_ROWS <= rows < m else 0
+
+
+class _threads:
+    """torch's host thread count set for a block, restored after."""
+
+    def __init__(self, n: int):
+        self.n = n
+
+    def __enter__(self):
+        self.before = torch.get_num_threads()
+        torch.set_num_threads(self.n)
+
+    def __exit__(self, *exc):
+        torch.set_num_threads(self.before)
+
+
+@dataclass
+class Band:
+    """C[r0:r1] = alpha * op(A)[r0:r1] @ op(B) + beta * C[r0:r1], for the host.
+
+    a, b, c: the whole matrices (storage order, as a GemmJob holds them), ta/tb as there."""
+    a: HostMatrix
+    b: HostMatrix
+    c: HostMatrix
+    ta: bool
+    tb: bool
+    alpha: float
+    beta: float
+    r0: int
+    r1: int
+    threads: int
+
+    def views(self):
+        """op(A)[r0:r1] (rows x K), op(B) (K x N) and C[r0:r1] as torch views, or None when a
+        matrix is numpy-only (negative strides: torch cannot view it)."""
+        if self.a.t is None or self.b.t is None or self.c.t is None:
+            return None
+        r0, r1 = self.r0, self.r1
+        av = self.a.t[:, r0:r1].t() if self.ta else self.a.t[r0:r1]
+        bv = self.b.t.t() if self.tb else self.b.t
+        return av, bv, self.c.t[r0:r1]
+
+    def run(self, stats: DeviceStats, tick=None) -> None:
+        """The band on the host, CHUNK_ROWS rows per GEMM in C's dtype (fp32 or fp64);
+        `tick(1)` after each chunk."""
+        av, bv, cv = self.views()
+        stats.t_ready = time.perf_counter()
+        with _threads(self.threads):
+            for s in range(0, self.r1 - self.r0, CHUNK_ROWS):
+                e = min(s + CHUNK_ROWS, self.r1 - self.r0)
+                # beta = 0: addmm_ ignores C's old values (NaN or Inf there do not propagate)
+                cv[s:e].addmm_(av[s:e], bv, beta=self.beta, alpha=self.alpha)
+                stats.tiles += 1
+                stats.gemms += 1
+                stats.flops += 2.0 * (e - s) * bv.shape[0] * bv.shape[1]
+                if tick is not None:
+                    tick(1)
+        stats.t_issued = stats.t_synced = time.perf_counter()
+
+    def job_above(self, plan: GemmPlan) -> GemmJob:
+        """The product's rows above the band, C[:r0], as a job for the devices (`plan`
+        made for r0 rows)."""
+        k = self.b.shape[1] if self.tb else self.b.shape[0]
+        n = self.c.shape[1]
+        a = self.a.region(0, k, 0, self.r0) if self.ta else self.a.region(0, self.r0, 0, k)
+        return GemmJob(plan, a, self.b, self.c.region(0, self.r0, 0, n), ta=self.ta,
+                       tb=self.tb, alpha=self.alpha, beta=self.beta)
+
+    @property
+    def chunks(self) -> int:
+        return -(-(self.r1 - self.r0) // CHUNK_ROWS)
