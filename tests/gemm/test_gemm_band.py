@@ -28,10 +28,18 @@ def test_band_rows_balance_the_predicted_times():
     assert band_rows(0, n, k, gpu_s, cpu) == 0
 
 
-def test_cpu_rate_is_measured_once_per_dtype_and_threads():
+def test_cpu_rate_is_probed_once_then_taken_from_the_last_band(monkeypatch):
+    monkeypatch.setattr(band_mod, "_SEEN", {})
     r = cpu_rate(torch.float32, 1)
     assert r > 1e8
-    assert cpu_rate(torch.float32, 1) == r      # remembered
+    assert cpu_rate(torch.float32, 1) == r      # the probe is remembered
+    A, B, C = torch.randn(2000, 600), torch.randn(600, 600), torch.zeros(2000, 600)
+    st = DeviceStats("cpu")
+    Band(HostMatrix(A, "A"), HostMatrix(B, "B"), HostMatrix(C, "out"), False, False, 1.0,
+         0.0, 0, 2000, threads=1).run(st)      # over 0.01 s: timed
+    seen = st.flops / (st.t_synced - st.t_ready)
+    assert cpu_rate(torch.float32, 1) == pytest.approx(seen)
+    assert cpu_rate(torch.float64, 1) != seen   # per dtype
 
 
 def _ref(A, B, C, ta, tb, alpha, beta):

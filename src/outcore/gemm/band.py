@@ -29,7 +29,7 @@ from .worker import GemmJob
 
 SAFETY = 0.9        # the band's predicted time against the GPUs': a late band holds C back
 MIN_ROWS = 64       # fewer rows: the CPU sits out
-ALIGN = 64          # band rows in multiples of this (the GPUs' rows stay tile-friendly)
+ALIGN = 32          # band rows in multiples of this (the GPUs' rows stay kernel-friendly)
 CHUNK_ROWS = 512    # rows per host GEMM (the host's rate rises with rows up to about this)
 PROBE = (256, 4096, 4096)   # rows, k, n of the rate probe: about 9 GFLOP, ~10 ms at 1 TFLOP/s
 # computes a CPU band runs: fp32 and fp64 in their own dtype (tf32 as fp32, more exact);
@@ -43,10 +43,19 @@ def band_threads(n_gpus: int) -> int:
     return max(1, (os.cpu_count() or 1) - n_gpus - 1)
 
 
-@lru_cache(maxsize=None)
+# the last band's own rate, per (dtype, threads): it ran beside the GPUs, the probe did not
+_SEEN: dict[tuple[torch.dtype, int], float] = {}
+
+
 def cpu_rate(dtype: torch.dtype, threads: int) -> float:
-    """FLOP/s of one PROBE-sized host GEMM in `dtype` with `threads` threads (measured once
-    per process: a warm-up, then the faster of two runs)."""
+    """FLOP/s of the host's GEMM in `dtype` with `threads` threads: the last band's own rate
+    (measured beside the GPUs' copies and host threads), else a PROBE-sized GEMM's."""
+    return _SEEN.get((dtype, threads)) or _probe_rate(dtype, threads)
+
+
+@lru_cache(maxsize=None)
+def _probe_rate(dtype: torch.dtype, threads: int) -> float:
+    """A warm-up, then the faster of two runs of one PROBE-sized host GEMM (once per process)."""
     rows, k, n = PROBE
     a, b = torch.randn(rows, k, dtype=dtype), torch.randn(k, n, dtype=dtype)
     with _threads(threads):
@@ -126,6 +135,9 @@ class Band:
                 if tick is not None:
                     tick(1)
         stats.t_issued = stats.t_synced = time.perf_counter()
+        done = stats.t_synced - stats.t_ready
+        if done > 0.01:       # long enough to time: the next band is sized by this rate
+            _SEEN[(self.c.dtype, self.threads)] = stats.flops / done
 
     def job_above(self, plan: GemmPlan) -> GemmJob:
         """The product's rows above the band, C[:r0], as a job for the devices (`plan`
