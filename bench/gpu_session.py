@@ -126,6 +126,13 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
                 (300, PY + [B + "gemm.py", "--with-cpu", "--cases",
                             "fp32-16384,fp32-32768,bf16-32768", "--runs", "5", "--out",
                             "gemm-h200-s15-band"])],
+    # nvidia-h200 (session 15, after band-ab): the gemm GPU tests again (band-ab's stopped at
+    # the band test's first form), then 1b-16k with every system (no stream code changed
+    # since stream-record's GPU tests passed), to its own file for bench/merge_parts.py
+    "s15-final": [(170, PY + ["-m", "pytest", "-q", "tests/gemm/test_gemm_gpu.py"]),
+                  (330, PY + [B + "stream.py", "--cases", "1b-16k", "--compiled",
+                              "--largest", "0", "--skip-tests", "--timeout", "150", "--out",
+                              "stream-h200-s15-1b"])],
     # nvidia-h200: the gemm GPU tests alone (the strip blocks have not run under them)
     "gemm-tests": [(150, PY + ["-m", "pytest", "-q", "-x", "tests/gemm/test_gemm_gpu.py"])],
     # nvidia-h200: the in-core rates of the tiles' GEMM shapes, then plan variants (flat

@@ -91,9 +91,13 @@ def test_two_gpus_share_the_tiles():
 
 
 @pytest.mark.parametrize("transa", [False, True])
-def test_the_cpu_beside_a_gpu_takes_a_band_of_rows(transa):
+def test_the_cpu_beside_a_gpu_takes_a_band_of_rows(transa, monkeypatch):
+    # the band's size follows the host's measured rate, which moves with the machine's
+    # load (session 15: no band at all for the second case once the first one's band had
+    # run slowly); a fixed rate makes the split, not the correctness, deterministic here
+    monkeypatch.setattr("outcore.gemm.matmul.cpu_rate", lambda dtype, threads: 5e12)
     g = torch.Generator().manual_seed(3)
-    m = n = k = 8192          # about 25 ms on one H200: the host's band is a few hundred rows
+    m = n = k = 8192
     A = torch.randn(k, m, generator=g).T if transa else torch.randn(m, k, generator=g)
     B, C = torch.randn(k, n, generator=g), torch.randn(m, n, generator=g)
     C0 = C.clone()
@@ -101,8 +105,8 @@ def test_the_cpu_beside_a_gpu_takes_a_band_of_rows(transa):
     gpu, cpu = st.devices
     assert cpu.device == "cpu" and cpu.flops > 0 and gpu.flops + cpu.flops == st.flops
     assert "the CPU: C's last" in st.plan
-    rows = [slice(0, 64), slice(m - 64, m)]          # a sample of the GPU's and the band's
-    for r in rows:
+    band = int(cpu.flops / (2 * n * k))
+    for r in (slice(0, 64), slice(m - band - 32, m - band + 32), slice(m - 64, m)):
         check_close(C[r], A[r].double().numpy(), B.double().numpy(), C0[r].double().numpy(),
                     0.5, 2.0, "fp32")
     # bf16 on the host would be emulated far below the GPU's rate: the GPU takes it all
