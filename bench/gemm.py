@@ -239,7 +239,9 @@ def run_outcore(env: Env, c: Case, devices, check: bool = True,
                 devices=[str(d) for d in devices], h2d_bytes=st.h2d_bytes,
                 d2h_bytes=st.d2h_bytes, plan=st.plan,
                 tiles_per_device={d.device: d.tiles for d in st.devices},
-                flops_share={d.device: d.flops / st.flops for d in st.devices})
+                flops_share={d.device: d.flops / st.flops for d in st.devices},
+                # the last timed run: when each worker was done (which one held C back)
+                done_s={d.device: d.t_synced - st.t_start for d in st.devices if d.t_synced})
     if check:
         rng = np.random.default_rng(0)
         idx = list(zip(rng.integers(0, c.m, 16), rng.integers(0, c.n, 16)))

@@ -12,7 +12,7 @@ from gemm_testlib import check_close
 if not torch.cuda.is_available():
     pytest.skip("needs CUDA", allow_module_level=True)
 
-from outcore.gemm import cudacopy  # noqa: E402
+from outcore.gemm import band as band_mod, cudacopy  # noqa: E402
 from outcore.gemm.cublasxt import CublasXt  # noqa: E402
 from outcore.gemm.hostmat import HostMatrix  # noqa: E402
 from outcore.gemm.matmul import execute, matmul  # noqa: E402
@@ -95,7 +95,7 @@ def test_the_cpu_beside_a_gpu_takes_a_band_of_rows(transa, monkeypatch):
     # the band's size follows the host's measured rate, which moves with the machine's
     # load (session 15: no band at all for the second case once the first one's band had
     # run slowly); a fixed rate makes the split, not the correctness, deterministic here
-    monkeypatch.setattr("outcore.gemm.matmul.cpu_rate", lambda dtype, threads: 5e12)
+    monkeypatch.setattr(band_mod, "_SEEN", {(torch.float32, band_mod.band_threads(1)): 5e12})
     g = torch.Generator().manual_seed(3)
     m = n = k = 8192
     A = torch.randn(k, m, generator=g).T if transa else torch.randn(m, k, generator=g)
