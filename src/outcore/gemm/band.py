@@ -1,28 +1,30 @@
 """The CPU beside GPUs: a band of C's last rows, sized so that it ends with the GPUs.
 
     rows = band_rows(m, n, k, gpu_s=plan.est_seconds, cpu_flops=cpu_rate(torch.float32, 14))
-    Band(a, b, c, ta, tb, alpha, beta, m - rows, m, threads).run(stats)   # beside the GPUs
+    band = Band(whole_job, m - rows, threads)      # C[m - rows:] for the host
+    job = band.job_above(make_plan(m - rows, ...))  # C[:m - rows] for the GPUs
+    band.run(stats)                                 # in a thread beside the GPU workers
 
-GPUs pull C tiles sized for GPUs (8192 x 8192 at fp32-16384): a CPU worker pulling from
-the same queue would take one such tile and finish it seconds after the GPUs (0.8-1.2
-TFLOP/s fp32 on the H200 host's 16 cores, `bench/results/cpu-gemm-h200.json`, against
-about 50 on the GPU). So where the devices list GPUs and the CPU, the CPU multiplies a fixed
-band of C's last rows straight on the host matrices (no copies), as many rows as it does
-in SAFETY of the time the planner's model gives the GPUs for the rest, and the GPUs run
-their plan on the rows above. A band the CPU would take under MIN_ROWS rows for (a slow
-CPU, a bf16 product) is not worth its threads: the GPUs then take everything.
-"""
+GPUs pull C tiles sized for GPUs (4096 x 4096 x 16384 at fp32-16384): a CPU worker pulling
+from the same queue would take one such tile and finish it about 0.6 s after the GPUs had
+done the rest (0.8-1.2 TFLOP/s fp32 on the H200 host's 16 cores, `bench/results/cpu-gemm-
+h200.json`, against about 50 on the GPU). So where the devices list GPUs and the CPU, the
+CPU multiplies a fixed band of C's last rows straight on the host matrices (no copies), as
+many rows as it does in SAFETY of the time the planner's model gives the GPUs for the rest,
+and the GPUs run their plan on the rows above. A band the CPU would take under MIN_ROWS
+rows for (a slow CPU, a bf16 product) is not worth its threads: the GPUs then take
+everything. Measured on one H200 (session 15, `gemm-h200-s15-band.json`): no faster than
+the GPU alone, so `devices=None` leaves the CPU out."""
 
 from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 import torch
 
-from .hostmat import HostMatrix
 from .plan import GemmPlan
 from .stats import DeviceStats
 from .worker import GemmJob
@@ -95,29 +97,25 @@ class _threads:
 
 @dataclass
 class Band:
-    """C[r0:r1] = alpha * op(A)[r0:r1] @ op(B) + beta * C[r0:r1], for the host.
-
-    a, b, c: the whole matrices (storage order, as a GemmJob holds them), ta/tb as there."""
-    a: HostMatrix
-    b: HostMatrix
-    c: HostMatrix
-    ta: bool
-    tb: bool
-    alpha: float
-    beta: float
+    """C[r0:m] = alpha * op(A)[r0:m] @ op(B) + beta * C[r0:m] on the host, the rest of
+    `whole` (the product, its plan made for all m rows) on the devices (`job_above`)."""
+    whole: GemmJob
     r0: int
-    r1: int
     threads: int
 
+    @property
+    def r1(self) -> int:
+        return self.whole.plan.m
+
     def views(self):
-        """op(A)[r0:r1] (rows x K), op(B) (K x N) and C[r0:r1] as torch views, or None when a
+        """op(A)[r0:m] (rows x K), op(B) (K x N) and C[r0:m] as torch views, or None when a
         matrix is numpy-only (negative strides: torch cannot view it)."""
-        if self.a.t is None or self.b.t is None or self.c.t is None:
+        a, b, c, r0 = self.whole.a, self.whole.b, self.whole.c, self.r0
+        if a.t is None or b.t is None or c.t is None:
             return None
-        r0, r1 = self.r0, self.r1
-        av = self.a.t[:, r0:r1].t() if self.ta else self.a.t[r0:r1]
-        bv = self.b.t.t() if self.tb else self.b.t
-        return av, bv, self.c.t[r0:r1]
+        av = a.t[:, r0:].t() if self.whole.ta else a.t[r0:]
+        bv = b.t.t() if self.whole.tb else b.t
+        return av, bv, c.t[r0:]
 
     def run(self, stats: DeviceStats, tick=None) -> None:
         """The band on the host, CHUNK_ROWS rows per GEMM in C's dtype (fp32 or fp64);
@@ -128,7 +126,7 @@ class Band:
             for s in range(0, self.r1 - self.r0, CHUNK_ROWS):
                 e = min(s + CHUNK_ROWS, self.r1 - self.r0)
                 # beta = 0: addmm_ ignores C's old values (NaN or Inf there do not propagate)
-                cv[s:e].addmm_(av[s:e], bv, beta=self.beta, alpha=self.alpha)
+                cv[s:e].addmm_(av[s:e], bv, beta=self.whole.beta, alpha=self.whole.alpha)
                 stats.tiles += 1
                 stats.gemms += 1
                 stats.flops += 2.0 * (e - s) * bv.shape[0] * bv.shape[1]
@@ -137,16 +135,17 @@ class Band:
         stats.t_issued = stats.t_synced = time.perf_counter()
         done = stats.t_synced - stats.t_ready
         if done > 0.01:       # long enough to time: the next band is sized by this rate
-            _SEEN[(self.c.dtype, self.threads)] = stats.flops / done
+            _SEEN[(self.whole.c.dtype, self.threads)] = stats.flops / done
 
     def job_above(self, plan: GemmPlan) -> GemmJob:
         """The product's rows above the band, C[:r0], as a job for the devices (`plan`
-        made for r0 rows)."""
-        k = self.b.shape[1] if self.tb else self.b.shape[0]
-        n = self.c.shape[1]
-        a = self.a.region(0, k, 0, self.r0) if self.ta else self.a.region(0, self.r0, 0, k)
-        return GemmJob(plan, a, self.b, self.c.region(0, self.r0, 0, n), ta=self.ta,
-                       tb=self.tb, alpha=self.alpha, beta=self.beta)
+        made for r0 rows); `whole` itself when the band is empty."""
+        w = self.whole
+        if self.r0 == self.r1:
+            return w
+        k, n = w.plan.k, w.plan.n
+        a = w.a.region(0, k, 0, self.r0) if w.ta else w.a.region(0, self.r0, 0, k)
+        return replace(w, plan=plan, a=a, c=w.c.region(0, self.r0, 0, n))
 
     @property
     def chunks(self) -> int:

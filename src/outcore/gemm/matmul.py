@@ -135,28 +135,28 @@ def matmul(A, B, out=None, *, transa: bool = False, transb: bool = False, alpha:
     kw = dict(host_dtype=dtype, compute=compute, budget=budget, tile=tile,
               device_type="cuda" if gpus else "cpu", layout=(ta, tb))
     try:
-        band = Band(ha, hb, hc, ta, tb, alpha, beta, m, m, band_threads(len(gpus)))
+        whole = GemmJob(make_plan(m, n, k, n_devices=len(workers), **kw), ha, hb, hc,
+                        ta=ta, tb=tb, alpha=alpha, beta=beta)
+        band = Band(whole, m, band_threads(len(gpus)))
         if helper and compute in BAND_COMPUTES and band.views() is not None:
             # the GPUs' time for the whole product by the planner's model (a shared plan
             # has no estimate: a lone GPU's, shared evenly)
             gpu_s = make_plan(m, n, k, n_devices=1, **kw).est_seconds / len(gpus)
             band.r0 = m - band_rows(m, n, k, gpu_s, cpu_rate(dtype, band.threads))
-        plan = make_plan(band.r0, n, k, n_devices=len(workers), **kw)
+        job = band.job_above(make_plan(band.r0, n, k, n_devices=len(workers), **kw)
+                             if band.r0 < m else whole.plan)
     except OutcoreError as e:
         given = parse_bytes(gpu_memory, "gpu_memory")
         if given is None or given == budget:
             raise
         raise OutcoreError(f"{e} (the gpu_memory={fmt_bytes(given)} given, less "
                            f"{fmt_bytes(given - budget)} kept for cuBLAS workspaces)") from None
+    stats.plan = job.plan.describe()
     if helper:
-        plan_s = plan.describe()
-        stats.plan = (f"{plan_s}; the CPU: C's last {m - band.r0} rows" if band.r0 < m else
-                      f"{plan_s}; the CPU sits out (its share would be under "
-                      f"{MIN_ROWS} rows, or {compute} on the host is not worth it)")
-    else:
-        stats.plan = plan.describe()
-    job = band.job_above(plan)
-    execute(job, workers, stats, progress, band=band if band.r1 > band.r0 else None)
+        stats.plan += (f"; the CPU: C's last {m - band.r0} rows" if band.r0 < m else
+                       f"; the CPU sits out (its share would be under {MIN_ROWS} rows, "
+                       f"or {compute} on the host is not worth it)")
+    execute(job, workers, stats, progress, band=band if band.r0 < m else None)
     if isinstance(out, np.memmap):
         out.flush()
     stats.wall_s = time.perf_counter() - t0
