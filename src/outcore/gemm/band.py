@@ -34,7 +34,7 @@ MIN_ROWS = 64       # fewer rows: the CPU sits out
 ALIGN = 32          # band rows in multiples of this (the GPUs' rows stay kernel-friendly)
 CHUNK_ROWS = 512    # rows per host GEMM (the host's rate rises with rows up to about this)
 PROBE = (256, 4096, 4096)   # rows, k, n of the rate probe: about 9 GFLOP, ~10 ms at 1 TFLOP/s
-# computes a CPU band runs: fp32 and fp64 in their own dtype (tf32 as fp32, more exact);
+# computes a CPU band runs: fp32 and fp64 in their own dtype (tf32 at least as exactly);
 # bf16 on fp32 data would be emulated on the host, far below the GPU's rate
 BAND_COMPUTES = ("fp32", "tf32", "fp64")
 
