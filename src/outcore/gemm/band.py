@@ -18,6 +18,7 @@ the GPU alone, so `devices=None` leaves the CPU out."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from dataclasses import dataclass, replace
@@ -81,18 +82,15 @@ def band_rows(m: int, n: int, k: int, gpu_s: float, cpu_flops: float,
     return rows if MIN_ROWS <= rows < m else 0
 
 
-class _threads:
-    """torch's host thread count set for a block, restored after."""
-
-    def __init__(self, n: int):
-        self.n = n
-
-    def __enter__(self):
-        self.before = torch.get_num_threads()
-        torch.set_num_threads(self.n)
-
-    def __exit__(self, *exc):
-        torch.set_num_threads(self.before)
+@contextlib.contextmanager
+def _threads(n: int):
+    """torch's host thread count set to n for a block, restored after."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 @dataclass

@@ -144,6 +144,7 @@ class DeviceUpdater:
     def resident_mv(self, n: int) -> None:
         self.resident.count = n
         self.resident.release_unwanted()
+
     def hand_back(self, g: int) -> None:
         """Group g's AdamW goes back to the CPU: its next gradient goes to the worker,
         which reads the host's m and v, so resident ones are written back first."""
