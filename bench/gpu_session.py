@@ -139,6 +139,9 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
                                "band"])],
     # nvidia-h200: the gemm GPU tests alone (the strip blocks have not run under them)
     "gemm-tests": [(150, PY + ["-m", "pytest", "-q", "-x", "tests/gemm/test_gemm_gpu.py"])],
+    # nvidia-h200 (session 16): the tiles' kernels and the square products under cuBLAS
+    # and under cuBLASLt (torch.backends.cuda.preferred_blas_library), cuBLASXt beside
+    "blas-probe": [(300, PY + [B + "diag/blas_backend.py"])],
     # nvidia-h200: the in-core rates of the tiles' GEMM shapes, then plan variants (flat
     # tiles in tf32/bf16, larger tiles at fp32-16384) and a timeline of each planner pick
     "gemm-probe": [(300, PY + [B + "gemm_probe.py"])],
