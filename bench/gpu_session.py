@@ -29,6 +29,11 @@ import common  # noqa: E402
 PY = [sys.executable]
 B = "bench/"
 
+# bf16-32768 and the bf16 training shapes whose plans A by rows changes (session 16)
+A_ROWS_CASES = ",".join(["bf16-32768"] + [f"train-{lay}-t{t}-f{f}-bf16"
+                                          for t in (16384, 32768, 65536)
+                                          for f in (8192, 16384) for lay in ("NT", "NN")])
+
 # name: [(seconds allowed, command)], the next GPU session's plan (bench/NOTES.md)
 STEPS: dict[str, list[tuple[int, list[str]]]] = {
     # nvidia-h200: the stream GPU tests, then outcore alone at compiled 3b-16k: the default
@@ -142,6 +147,16 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
     # nvidia-h200 (session 16): the tiles' kernels and the square products under cuBLAS
     # and under cuBLASLt (torch.backends.cuda.preferred_blas_library), cuBLASXt beside
     "blas-probe": [(300, PY + [B + "diag/blas_backend.py"])],
+    # nvidia-h200 (session 16): the gemm GPU tests (A by rows among them), then bf16-32768
+    # and the bf16 NT/NN training shapes with A's panels by rows (the new default) and
+    # without, then bf16-32768 by rows again (drift between the two runs)
+    "arows-ab": [(150, PY + ["-m", "pytest", "-q", "tests/gemm/test_gemm_gpu.py"]),
+                 (150, PY + [B + "gemm.py", "--cases", A_ROWS_CASES, "--runs", "5", "--out",
+                             "gemm-h200-s16-rows"]),
+                 (150, PY + [B + "gemm.py", "--no-a-rows", "--cases", A_ROWS_CASES, "--runs",
+                             "5", "--out", "gemm-h200-s16-norows"]),
+                 (90, PY + [B + "gemm.py", "--cases", "bf16-32768", "--runs", "5", "--out",
+                            "gemm-h200-s16-rows2"])],
     # nvidia-h200: the in-core rates of the tiles' GEMM shapes, then plan variants (flat
     # tiles in tf32/bf16, larger tiles at fp32-16384) and a timeline of each planner pick
     "gemm-probe": [(300, PY + [B + "gemm_probe.py"])],

@@ -176,7 +176,7 @@ def test_flat_tiles_by_default_and_planned_apart(monkeypatch):
     assert make_plan(32768, 32768, 32768, **kw) is flat
 
 
-def test_whole_width_strips_for_link_bound_products():
+def test_whole_width_strips_for_link_bound_products(monkeypatch):
     """Session 13: where the link bounds the product (bf16 at 32768) the planner may take
     C tiles as whole-width row strips, so that B's pieces are whole rows of B (contiguous
     copies), with pieces deeper than the usual 8x (8192 rows of B: 1 GiB); a
@@ -188,10 +188,16 @@ def test_whole_width_strips_for_link_bound_products():
     fp32 = make_plan(32768, 32768, 32768, compute="fp32", **kw)
     assert fp32.tile_m == fp32.tile_n
     # the deeper pieces are for whole-width strips only: with the usual factors (up to 8x
-    # the 32 MiB piece, 256 rows at this width) the same strips stop at 2048 rows
+    # the 32 MiB piece, 256 rows at this width) the same strips stop at 2048 rows (A in K
+    # pieces: with A by rows, lone.A_ROWS, the model ties every piece depth)
     import dataclasses
 
     import outcore.gemm.lone as lone
     from outcore.gemm.model import Rates
-    usual = lone.maybe_prologue(dataclasses.replace(bf16, piece_k=256), 1, "cuda", Rates())
-    assert usual.piece_k <= 2048 and usual.est_seconds > bf16.est_seconds
+    monkeypatch.setattr(lone, "A_ROWS", ())
+    deep = lone.maybe_prologue(dataclasses.replace(bf16, a_rows=False), 1, "cuda", Rates(),
+                               factors=lone.WIDE_PIECE_FACTORS)
+    usual = lone.maybe_prologue(dataclasses.replace(bf16, piece_k=256, a_rows=False), 1,
+                                "cuda", Rates())
+    assert deep.piece_k == 8192 and not deep.a_rows
+    assert usual.piece_k <= 2048 and usual.est_seconds > deep.est_seconds

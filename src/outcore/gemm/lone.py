@@ -20,6 +20,11 @@ from .tiles import cdiv
 # bench/gemm.py --square-tiles turns it off.
 FLAT_TILES = True
 PIECE_FACTORS = (1, 2, 4, 8)          # copy pieces the model weighs, x the default piece
+# Computes whose plans may copy A's panels whole, in contiguous chunks of rows (plan.a_rows)
+# instead of K pieces (2-D copies of short rows). Session 16: bf16 at 32768 (whole-width
+# tiles, 8192-deep pieces: 32 KiB rows) took its A panels in at ~48 GB/s against ~54 for
+# contiguous copies beside C's copies out (gemm-probe-h200.json's timelines).
+A_ROWS = ("bf16",)
 WIDE_PIECE_FACTORS = PIECE_FACTORS + (16, 32)   # for whole-width row strips
 
 
@@ -104,6 +109,7 @@ def maybe_prologue(plan: GemmPlan, n_devices: int, device_type: str, rates: Rate
         return plan
     best, best_t = plan, estimate_seconds(plan, rates, layout=layout)
     factors = (1,) if piece_fixed else factors
+    by_rows = plan.compute in A_ROWS and not layout[0] and not piece_fixed
     # at least MIN_PIECES pieces a tile (unless forced): a whole-K piece leaves nothing to
     # overlap a tile's first GEMM with (the training shapes ran slower that way)
     deepest = plan.tile_k if piece_fixed else max(plan.piece_k, plan.tile_k // MIN_PIECES)
@@ -121,4 +127,13 @@ def maybe_prologue(plan: GemmPlan, n_devices: int, device_type: str, rates: Rate
             # piece size by wider() margins
             if t < (0.95 if p else 1.0 - _margin(plan)) * best_t:
                 best, best_t = cand, t
+    if by_rows and best.prologue == 0:
+        # A by rows on the chosen pieces (B's), not under a prologue (every tile's first
+        # piece would wait for its whole A panel). Tried last: with A whole, the model
+        # ties every B piece (the first tile's start hides in B's copies), and the chosen
+        # piece keeps B's copies and GEMMs few.
+        cand = _replace(best, a_rows=True)
+        t = estimate_seconds(cand, rates, layout=layout)
+        if t < (1.0 - _margin(plan)) * best_t:
+            best, best_t = cand, t
     return _replace(best, est_seconds=best_t)

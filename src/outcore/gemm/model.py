@@ -109,6 +109,7 @@ def estimate_seconds(plan: GemmPlan, rates: Rates, depth: int = LONE_DEPTH,
         return avail[key]
 
     ta, tb = layout
+    a_rows = plan.a_rows and not ta   # as DeviceWorker._by_rows
     ab = _size(plan.acc_dtype)
     known: dict = {}   # (rows, cols, kk) -> factors: few distinct shapes, many pieces
 
@@ -140,8 +141,12 @@ def estimate_seconds(plan: GemmPlan, rates: Rates, depth: int = LONE_DEPTH,
         for p in range(q0, q1):
             kk = pspans[kb][p][1] - pspans[kb][p][0]
             fa, fb = factors(pr, pc, kk)
-            ready.append(max(need(("A", t.i, kb, p), pr * kk * hb, fa),
-                             need(("B", t.j, kb, p), pc * kk * hb, fb)))
+            if a_rows:   # the whole A block at its first need, in contiguous rows
+                kl = kspans[kb][1] - kspans[kb][0]
+                a = need(("A", t.i, kb), pr * kl * hb, row_factor(kl * hb, kl == plan.k))
+            else:
+                a = need(("A", t.i, kb, p), pr * kk * hb, fa)
+            ready.append(max(a, need(("B", t.j, kb, p), pc * kk * hb, fb)))
         s = 0
         while s < len(ready):
             e = merged_end(ready, s, comp)

@@ -73,6 +73,7 @@ class GemmPlan:
     strips: int = 1              # row strips of each of the order's last strip_tiles tiles
     strip_tiles: int = 1         # 1 for a lone device; several devices: shared.py
     first_piece: int = 0         # > 0: a block's first piece is this deep (FIRST_PIECE)
+    a_rows: bool = False         # A's blocks copied whole, in chunks of rows (lone.py)
     budget: int = 0
     est_seconds: float | None = None
 
@@ -135,6 +136,11 @@ class GemmPlan:
     def piece_numel(self) -> int:
         return max(self.tile_m, self.tile_n) * self.piece_k
 
+    def row_chunk(self, k_len: int) -> int:
+        """Rows of A per copy where A's blocks go by rows (`a_rows`): a copy piece's size,
+        so that the landing buffers (2 pieces) hold a chunk."""
+        return max(1, self.piece_numel // max(1, k_len))
+
     @property
     def needs_landing(self) -> bool:
         return self.host_dtype != self.compute_dtype
@@ -167,6 +173,7 @@ class GemmPlan:
             pro += (f", last tile in {self.strips} strips" if self.strip_tiles == 1 else
                     f", last {self.strip_tiles} tiles in {self.strips} strips each")
         pro += f", first piece {self.first_piece} deep" if self.first_piece else ""
+        pro += ", A's panels whole, by rows" if self.a_rows else ""
         return (f"tiles {self.tile_m}x{self.tile_n}x{self.tile_k} (piece {self.piece_k}), "
                 f"{self.mt}x{self.nt} C tiles, {self.nk} K blocks, order {self.order}"
                 f"{'' if self.order == 'grow' else f' band {self.band}'}{pro}; per device "
@@ -248,7 +255,7 @@ def make_plan(m: int, n: int, k: int, *, host_dtype: torch.dtype, compute: str, 
     from . import lone
     args = (m, n, k, host_dtype, compute, budget, tile, n_devices, device_type, tuple(layout),
             lone.FLAT_TILES, FIRST_PIECE, SHARED_LONE_TILES, MAX_STRIPS,
-            MIN_STRIP.get(device_type))
+            MIN_STRIP.get(device_type), tuple(lone.A_ROWS))
     if rates is not None:
         return _search(*args, rates)
     return _cached_search(*args)
@@ -263,9 +270,10 @@ def _cached_search(*args) -> GemmPlan:
 
 
 def _search(m, n, k, host_dtype, compute, budget, tile, n_devices, device_type, layout,
-            flat, first_piece, shared_lone, _max_strips, _min_strip, rates) -> GemmPlan:
+            flat, first_piece, shared_lone, _max_strips, _min_strip, _a_rows,
+            rates) -> GemmPlan:
     """make_plan's work, on its normalized arguments (the strip settings, read by
-    with_strips, are in them only to key the plan cache)."""
+    with_strips, and lone.A_ROWS are in them only to key the plan cache)."""
     plan = None
     if n_devices > 1 and device_type == "cuda" and tile[0] is None and shared_lone:
         from .shared import shared   # shared.py imports this module

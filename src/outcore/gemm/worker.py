@@ -304,24 +304,57 @@ class DeviceWorker:
         return self.cache.put(key, shape, k_on_rows, region, self.pspans[kb])
 
     def _ensure(self, blk: Block, p: int) -> None:
-        """Load blk's pieces up to p (in order)."""
+        """Load blk's pieces up to p (in order); an A block of an `a_rows` plan whole, at
+        its first need (_load_rows)."""
+        if blk.loaded <= p and self._by_rows(blk):
+            self._load_rows(blk)
         while blk.loaded <= p:
             self._load_piece(blk, blk.loaded)
 
+    def _by_rows(self, blk: Block) -> bool:
+        """An empty A block of an `a_rows` plan, stored rows x K, whose rows fit a copy
+        piece (the landing buffers' size)."""
+        r0, r1, c0, c1 = blk.region
+        return (self.plan.a_rows and blk.key[0] == "A" and not blk.k_on_rows
+                and blk.loaded == 0 and c1 - c0 <= self.plan.piece_numel)
+
+    def _load_rows(self, blk: Block) -> None:
+        """All of A block `blk` in chunks of whole rows: in a row-major A whose block spans
+        K each chunk is one contiguous copy at the link's full rate, where a K piece of it
+        is a 2-D copy of short rows (bf16 at 32768: 32 KiB rows, ~48 GB/s against ~54 for
+        contiguous copies beside C's copies out; gemm-probe-h200.json). Every piece's event
+        is then the last chunk's: the block's GEMMs wait for all of it."""
+        host = self.job.a
+        r0, r1, c0, c1 = blk.region
+        step, item = self.plan.row_chunk(c1 - c0), host.dtype.itemsize
+        eta = ev = None
+        for j in range(0, r1 - r0, step):
+            j1 = min(j + step, r1 - r0)
+            eta = self.clock.load((j1 - j) * (c1 - c0) * item, (c1 - c0) * item,
+                                  c1 - c0 == host.shape[1])
+            ev = self._copy_in(blk, blk.view[j:j1], host, (r0 + j, r0 + j1, c0, c1), j == 0)
+        blk.events = [ev] * len(blk.bounds)
+        blk.etas = [eta] * len(blk.bounds)
+
     def _load_piece(self, blk: Block, p: int) -> None:
-        L = self.lanes
         host: HostMatrix = self.job.a if blk.key[0] == "A" else self.job.b
         dst, region = blk.piece_view(p), blk.piece_region(p)
         r0, r1, c0, c1 = region
         blk.etas.append(self.clock.load((r1 - r0) * (c1 - c0) * host.dtype.itemsize,
                                         (c1 - c0) * host.dtype.itemsize,
                                         c1 - c0 == host.shape[1]))
+        blk.events.append(self._copy_in(blk, dst, host, region, p == 0))
+
+    def _copy_in(self, blk: Block, dst: torch.Tensor, host: HostMatrix, region,
+                 first: bool):
+        """dst (part of blk's view) <- host[region] in the compute dtype; returns the event
+        after which dst holds it. first: blk's first copy (its slot may still be read)."""
+        L = self.lanes
         if not self.plan.needs_landing:
-            if p == 0:
+            if first:
                 L.wait(L.h2d, blk.reuse_after)   # buffer reuse: the slot's last GEMM is done
             self.copier.h2d(dst, host, region)
-            blk.events.append(L.event(L.h2d))
-            return
+            return L.event(L.h2d)
         q = self.n_land % 2
         self.n_land += 1
         land = self._buf(self.landing, q, self.plan.piece_numel, host.dtype, tuple(dst.shape))
@@ -330,8 +363,8 @@ class DeviceWorker:
         landed = L.event(L.h2d)
         with L.on(self.conv):
             L.wait(self.conv, landed)      # stream wait: convert only what has landed
-            if p == 0:
+            if first:
                 L.wait(self.conv, blk.reuse_after)   # buffer reuse: the slot's last GEMM is done
             dst.copy_(land)
         self.land_free[q] = L.event(self.conv)
-        blk.events.append(self.land_free[q])
+        return self.land_free[q]
