@@ -15,6 +15,7 @@ bench/results/gemm-probe-<machine>.json.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import statistics
@@ -27,6 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 from gemm import fill_, median_s  # noqa: E402
 
+import outcore.gemm.lone as lone  # noqa: E402
 import outcore.gemm.mmacc as mmacc  # noqa: E402
 import outcore.gemm.plan as plan_mod  # noqa: E402
 from outcore.gemm.matmul import matmul  # noqa: E402
@@ -43,7 +45,10 @@ FIRST_1024, FIRST_512 = ({(plan_mod, "FIRST_PIECE"): d} for d in (1024, 512))
 # last copy in), or in 2 (fp32-16384: fewer, larger strip GEMMs)
 STRIPS_8 = {(plan_mod, "MAX_STRIPS"): 8, (plan_mod, "MIN_STRIP"): {"cuda": 256, "cpu": 4}}
 STRIPS_2 = {(plan_mod, "MAX_STRIPS"): 2}
+# session 16: A's panels whole by rows (the default for bf16 since) against K pieces
+NO_A_ROWS = {(lone, "A_ROWS"): ()}
 CASES = [
+    ("bf16", N, [("a-rows", None, {}), ("a-pieces", None, NO_A_ROWS)]),
     # session 13: 8192-wide tiles (kernels 52.4 TFLOP/s against 51.0 in 4096-wide ones)
     # wait about 3 ms for their first 2048-deep pieces; plan.FIRST_PIECE cuts that wait
     ("fp32", 16384, [("auto", None, {}), ("8192", (8192, 8192, 16384, 2048), {}),
@@ -61,7 +66,7 @@ CASES = [
     ("tf32", N, [("auto", None, {}), ("rows-2048-K", (2048, N, N, N), {}),
                  ("rows-2048-8k", (2048, N, N, 8192), {})]),
 ]
-TRACED = ("auto", "rows-2048-K")   # variants whose product also runs once under the profiler
+TRACED = ("auto", "rows-2048-K", "a-rows", "a-pieces")   # variants whose product also runs once under the profiler
 # In-core GEMMs of the tiles' shapes (m, n, k) as the workers run them: acc += a @ b
 # ("addmm1"), a tile's first GEMM ("addmm0": addmm_ with beta=0; "mm": torch.mm(out=)).
 # Session 11's probes (gemm-probe-h200-s11a.json, gemm-probe-h200.json) timed more shapes
@@ -107,13 +112,19 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("bench/gemm_probe.py needs a CUDA GPU", file=sys.stderr)
         return 2
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--first", type=int, help="only the first N entries of CASES")
+    ap.add_argument("--no-kernels", action="store_true", help="skip the in-core kernels")
+    ap.add_argument("--out", default=f"gemm-probe-{common.machine_name()}",
+                    help="results name under bench/results/")
+    args = ap.parse_args()
     doc = common.header("gemm-probe")
-    doc["kernels"] = kernel_rates()
+    doc["kernels"] = [] if args.no_kernels else kernel_rates()
     bufs = [torch.empty(N * N) for _ in range(3)]
     for b in bufs:
         fill_(b)
     bufs = [pin_(b) for b in bufs]         # pinned once, as in bench/gemm.py
-    for compute, n, variants in CASES:
+    for compute, n, variants in CASES[:args.first]:
         A, B, C = (b[:n * n].view(n, n) for b in bufs)
         flops = 2.0 * n ** 3
         for label, tile, settings in variants:
@@ -156,7 +167,7 @@ def main() -> int:
             doc["runs"].append({"case": f"{compute}-{n}", "tile": label, "timeline": tl})
             print(f"timeline {compute}-{n} {label}:", json.dumps(tl, indent=1, default=str),
                   flush=True)
-        common.write(doc, f"gemm-probe-{common.machine_name()}")
+        common.write(doc, args.out)
     print(common.table(doc["kernels"], ["compute", "op", "m", "n", "k", "tflops"]))
     print(common.table([r for r in doc["runs"] if "tflops" in r],
                        ["case", "tile", "tflops", "wall_s", "host_before_s", "host_after_s",

@@ -157,6 +157,13 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
                              "5", "--out", "gemm-h200-s16-norows"]),
                  (90, PY + [B + "gemm.py", "--cases", "bf16-32768", "--runs", "5", "--out",
                             "gemm-h200-s16-rows2"])],
+    # nvidia-h200 (session 16, after arows-ab): the A-by-rows GPU test again (its first
+    # form asserted strips its plan did not have), then bf16-32768 with A by rows and in K
+    # pieces, each timed and traced (why by rows did not gain there)
+    "arows-probe": [(90, PY + ["-m", "pytest", "-q", "tests/gemm/test_gemm_gpu.py", "-k",
+                               "a_rows"]),
+                    (150, PY + [B + "gemm_probe.py", "--first", "1", "--no-kernels", "--out",
+                                "gemm-probe-h200-s16"])],
     # nvidia-h200: the in-core rates of the tiles' GEMM shapes, then plan variants (flat
     # tiles in tf32/bf16, larger tiles at fp32-16384) and a timeline of each planner pick
     "gemm-probe": [(300, PY + [B + "gemm_probe.py"])],

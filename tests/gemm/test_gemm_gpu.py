@@ -88,17 +88,17 @@ def test_a_rows_on_the_gpu(pinned, compute):
     """A's panels whole in chunks of rows (plan.a_rows): converted through the landing
     buffers (bf16) or copied straight (fp32), from pinned and from pageable host memory,
     the last tile's strips with blocks of their own rows."""
-    A, B, C = _data(1024, 768, 2048, pinned)
-    plan = make_plan(1024, 768, 2048, host_dtype=torch.float32, compute=compute,
-                     budget=1 << 30, tile=(256, 768, 2048, 256))
+    A, B, C = _data(3072, 768, 2048, pinned)
+    plan = make_plan(3072, 768, 2048, host_dtype=torch.float32, compute=compute,
+                     budget=1 << 30, tile=(1024, 768, 2048, 256))
     plan = replace(plan, a_rows=True)
-    assert plan.strips > 1 and plan.row_chunk(2048) == 96
+    assert plan.strips == 2 and plan.row_chunk(2048) == 128
     job = GemmJob(plan, HostMatrix(A, "A"), HostMatrix(B, "B"), HostMatrix(C, "C"), False,
                   False, 1.0, 0.0)
-    st = GemmStats(1024, 768, 2048, compute, "", devices=[DeviceStats("cuda:0")])
+    st = GemmStats(3072, 768, 2048, compute, "", devices=[DeviceStats("cuda:0")])
     execute(job, [torch.device("cuda", 0)], st)
     check_close(C, A.double().numpy(), B.double().numpy(), None, 1.0, 0.0, compute)
-    assert st.devices[0].h2d_bytes == (1024 + 768) * 2048 * 4
+    assert st.devices[0].h2d_bytes == (3072 + 768) * 2048 * 4
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
