@@ -440,9 +440,9 @@ def main() -> int:
     ap.add_argument("--with-cpu", action="store_true", help="one GPU, fp32 square cases: "
                     "also the row outcore+cpu, the GPU with the host's CPU multiplying a band "
                     "of C's rows (outcore.gemm.band)")
-    ap.add_argument("--no-a-rows", action="store_true", help="the planner never copies A's "
-                    "panels whole by rows (outcore.gemm.lone.A_ROWS emptied; bf16's whole-width "
-                    "plans take them so since session 16)")
+    ap.add_argument("--a-rows", help="comma-separated computes whose plans may copy A's "
+                    "panels whole by rows (outcore.gemm.lone.A_ROWS; default bf16, since "
+                    "session 16), or 'none'")
     ap.add_argument("--cases", help="one GPU: comma-separated case names to run (default: "
                     "all)")
     ap.add_argument("--out", help="results file, or a bare name for bench/results/NAME.json "
@@ -452,9 +452,9 @@ def main() -> int:
     if args.square_tiles:
         import outcore.gemm.lone as lone
         lone.FLAT_TILES = False
-    if args.no_a_rows:
-        import outcore.gemm.lone as lone
-        lone.A_ROWS = ()
+    import outcore.gemm.lone as lone
+    if args.a_rows is not None:
+        lone.A_ROWS = () if args.a_rows == "none" else tuple(args.a_rows.split(","))
     import outcore.gemm.plan as plan_mod
     if args.max_strips:
         plan_mod.MAX_STRIPS = args.max_strips
@@ -521,7 +521,7 @@ def main() -> int:
         "machine": machine, "gpus": gpus, "torch": torch.__version__,
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "bandwidth_gbps": env.bw, "budget_s": args.budget_s, "flat_tiles": not args.square_tiles,
-        "a_rows": not args.no_a_rows,
+        "a_rows": list(lone.A_ROWS),
         "elapsed_s": time.perf_counter() - t_start, "dropped": dropped,
         "notes": ["host matrices are float32 and pinned (cudaHostRegister) in every case; "
                   "the case prefix / compute field names the arithmetic",

@@ -16,6 +16,7 @@ bench/results/gemm-probe-<machine>.json.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -108,6 +109,23 @@ def kernel_rates() -> list[dict]:
     return rows
 
 
+@contextlib.contextmanager
+def applied(settings: dict):
+    """A variant's module settings for the enclosed products (restored after; the plan
+    cache cleared both ways, as plans are remembered per shape). Session 16's first traces
+    ran without them: both were of the default plan."""
+    saved = {key: getattr(*key) for key in settings}
+    for (mod, name), value in settings.items():
+        setattr(mod, name, value)
+    plan_mod._cached_search.cache_clear()
+    try:
+        yield
+    finally:
+        for (mod, name), value in saved.items():
+            setattr(mod, name, value)
+        plan_mod._cached_search.cache_clear()
+
+
 def main() -> int:
     if not torch.cuda.is_available():
         print("bench/gemm_probe.py needs a CUDA GPU", file=sys.stderr)
@@ -129,18 +147,12 @@ def main() -> int:
         flops = 2.0 * n ** 3
         for label, tile, settings in variants:
             st = []
-            saved = {key: getattr(*key) for key in settings}
-            for (mod, name), value in settings.items():
-                setattr(mod, name, value)
-            plan_mod._cached_search.cache_clear()   # plans are remembered per shape
 
             def once():
                 st.append(matmul(A, B, C, compute=compute, return_stats=True, tile=tile)[1])
-            once()   # warm-up: buffers, handles, the copy probe
-            runs = median_s(once, 3, lambda: None)   # matmul returns when C is on the host
-            for (mod, name), value in saved.items():
-                setattr(mod, name, value)
-            plan_mod._cached_search.cache_clear()
+            with applied(settings):
+                once()   # warm-up: buffers, handles, the copy probe
+                runs = median_s(once, 3, lambda: None)   # matmul returns when C is on the host
             t = statistics.median(runs)
             # the host's share of each timed run: before the first copy (ready_s) and
             # after the device was done (wall_s - synced_s)
@@ -155,10 +167,11 @@ def main() -> int:
                   f"TFLOP/s  host before {ready * 1e3:.2f} ms, after {after * 1e3:.2f} ms  "
                   f"[{st[-1].plan}]", flush=True)
         from torch.profiler import ProfilerActivity, profile
-        for label, tile, _ in variants:
+        for label, tile, settings in variants:
             if label not in TRACED:
                 continue
-            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            with applied(settings), profile(activities=[ProfilerActivity.CPU,
+                                                        ProfilerActivity.CUDA]) as prof:
                 matmul(A, B, C, compute=compute, tile=tile)
             with tempfile.TemporaryDirectory() as d:
                 path = os.path.join(d, "trace.json")

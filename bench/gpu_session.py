@@ -34,6 +34,10 @@ A_ROWS_CASES = ",".join(["bf16-32768"] + [f"train-{lay}-t{t}-f{f}-bf16"
                                           for t in (16384, 32768, 65536)
                                           for f in (8192, 16384) for lay in ("NT", "NN")])
 
+FP32_ROWS_CASES = ",".join(["fp32-16384"] + [f"train-{lay}-t{t}-f{f}-fp32"
+                                             for t in (16384, 32768) for f in (8192, 16384)
+                                             for lay in ("NT", "NN")])
+
 # name: [(seconds allowed, command)], the next GPU session's plan (bench/NOTES.md)
 STEPS: dict[str, list[tuple[int, list[str]]]] = {
     # nvidia-h200: the stream GPU tests, then outcore alone at compiled 3b-16k: the default
@@ -153,13 +157,20 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
     "arows-ab": [(150, PY + ["-m", "pytest", "-q", "tests/gemm/test_gemm_gpu.py"]),
                  (150, PY + [B + "gemm.py", "--cases", A_ROWS_CASES, "--runs", "5", "--out",
                              "gemm-h200-s16-rows"]),
-                 (150, PY + [B + "gemm.py", "--no-a-rows", "--cases", A_ROWS_CASES, "--runs",
-                             "5", "--out", "gemm-h200-s16-norows"]),
+                 (150, PY + [B + "gemm.py", "--a-rows", "none", "--cases", A_ROWS_CASES,
+                             "--runs", "5", "--out", "gemm-h200-s16-norows"]),
                  (90, PY + [B + "gemm.py", "--cases", "bf16-32768", "--runs", "5", "--out",
                             "gemm-h200-s16-rows2"])],
     # nvidia-h200 (session 16, after arows-ab): the A-by-rows GPU test again (its first
     # form asserted strips its plan did not have), then bf16-32768 with A by rows and in K
     # pieces, each timed and traced (why by rows did not gain there)
+    # nvidia-h200 (session 16): fp32-16384 and the fp32 NT/NN training shapes whose plans
+    # change where fp32 may copy A by rows too (the model: 0.6-2% faster), and as they are
+    "fp32rows-ab": [(150, PY + [B + "gemm.py", "--a-rows", "bf16,fp32", "--cases",
+                                FP32_ROWS_CASES, "--runs", "5", "--out",
+                                "gemm-h200-s16-fp32rows"]),
+                    (150, PY + [B + "gemm.py", "--cases", FP32_ROWS_CASES, "--runs", "5",
+                                "--out", "gemm-h200-s16-fp32pieces"])],
     "arows-probe": [(90, PY + ["-m", "pytest", "-q", "tests/gemm/test_gemm_gpu.py", "-k",
                                "a_rows"]),
                     (150, PY + [B + "gemm_probe.py", "--first", "1", "--no-kernels", "--out",
