@@ -171,6 +171,10 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
                                 "gemm-h200-s16-fp32rows"]),
                     (150, PY + [B + "gemm.py", "--cases", FP32_ROWS_CASES, "--runs", "5",
                                 "--out", "gemm-h200-s16-fp32pieces"])],
+    # nvidia-h200 (session 16, the last gemm call): the gemm GPU tests, then the whole gemm
+    # bench at A by rows for bf16 (the run of record; session 14's kept as gemm-h200-s14)
+    "s16-record": [(150, PY + ["-m", "pytest", "-q", "tests/gemm/test_gemm_gpu.py"]),
+                   (420, PY + [B + "gemm.py", "--budget-s", "330"])],
     "arows-probe": [(90, PY + ["-m", "pytest", "-q", "tests/gemm/test_gemm_gpu.py", "-k",
                                "a_rows"]),
                     (150, PY + [B + "gemm_probe.py", "--first", "1", "--no-kernels", "--out",
