@@ -175,6 +175,16 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
     # bench at A by rows for bf16 (the run of record; session 14's kept as gemm-h200-s14)
     "s16-record": [(150, PY + ["-m", "pytest", "-q", "tests/gemm/test_gemm_gpu.py"]),
                    (420, PY + [B + "gemm.py", "--budget-s", "330"])],
+    # nvidia-h200 (session 16): 3b-64k outcore alone, the default (the step was 3.27 s
+    # against 2.94 s of compute in session 11, with 0.35 s of host wait for the CPU AdamW
+    # and no group on the device), then rest and blocks 1-2 updated on the device (the
+    # next forward's first three groups, which the CPU finishes last)
+    "s16-64k": [(250, PY + [B + "stream.py", "--cases", "3b-64k", "--systems", "outcore",
+                            "--compiled", "--largest", "0", "--skip-tests", "--timeout",
+                            "220", "--out", "stream-h200-s16-64k"]),
+                (250, PY + [B + "stream.py", "--cases", "3b-64k", "--systems", "outcore",
+                            "--compiled", "--largest", "0", "--skip-tests", "--gpu-updates",
+                            "2", "--timeout", "220", "--out", "stream-h200-s16-64k-dev2"])],
     "arows-probe": [(90, PY + ["-m", "pytest", "-q", "tests/gemm/test_gemm_gpu.py", "-k",
                                "a_rows"]),
                     (150, PY + [B + "gemm_probe.py", "--first", "1", "--no-kernels", "--out",
