@@ -443,6 +443,8 @@ def main() -> int:
     ap.add_argument("--a-rows", help="comma-separated computes whose plans may copy A's "
                     "panels whole by rows (outcore.gemm.lone.A_ROWS; default bf16, since "
                     "session 16), or 'none'")
+    ap.add_argument("--b-rows", help="the same for a transposed B's panels "
+                    "(outcore.gemm.lone.B_ROWS; default bf16, since session 16), or 'none'")
     ap.add_argument("--cases", help="one GPU: comma-separated case names to run (default: "
                     "all)")
     ap.add_argument("--out", help="results file, or a bare name for bench/results/NAME.json "
@@ -455,6 +457,8 @@ def main() -> int:
     import outcore.gemm.lone as lone
     if args.a_rows is not None:
         lone.A_ROWS = () if args.a_rows == "none" else tuple(args.a_rows.split(","))
+    if args.b_rows is not None:
+        lone.B_ROWS = () if args.b_rows == "none" else tuple(args.b_rows.split(","))
     import outcore.gemm.plan as plan_mod
     if args.max_strips:
         plan_mod.MAX_STRIPS = args.max_strips
@@ -521,7 +525,7 @@ def main() -> int:
         "machine": machine, "gpus": gpus, "torch": torch.__version__,
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "bandwidth_gbps": env.bw, "budget_s": args.budget_s, "flat_tiles": not args.square_tiles,
-        "a_rows": list(lone.A_ROWS),
+        "a_rows": list(lone.A_ROWS), "b_rows": list(lone.B_ROWS),
         "elapsed_s": time.perf_counter() - t_start, "dropped": dropped,
         "notes": ["host matrices are float32 and pinned (cudaHostRegister) in every case; "
                   "the case prefix / compute field names the arithmetic",

@@ -38,6 +38,9 @@ FP32_ROWS_CASES = ",".join(["fp32-16384"] + [f"train-{lay}-t{t}-f{f}-fp32"
                                              for t in (16384, 32768) for f in (8192, 16384)
                                              for lay in ("NT", "NN")])
 
+NT_CASES = ",".join(f"train-NT-t{t}-f{f}-bf16" for t in (16384, 32768, 65536)
+                    for f in (8192, 16384))
+
 # name: [(seconds allowed, command)], the next GPU session's plan (bench/NOTES.md)
 STEPS: dict[str, list[tuple[int, list[str]]]] = {
     # nvidia-h200: the stream GPU tests, then outcore alone at compiled 3b-16k: the default
@@ -185,6 +188,13 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
                 (250, PY + [B + "stream.py", "--cases", "3b-64k", "--systems", "outcore",
                             "--compiled", "--largest", "0", "--skip-tests", "--gpu-updates",
                             "2", "--timeout", "220", "--out", "stream-h200-s16-64k-dev2"])],
+    # nvidia-h200 (session 16): the gemm GPU tests (B by rows among them), then the bf16 NT
+    # training shapes with a transposed B's panels by rows (the new default) and without
+    "brows-ab": [(120, PY + ["-m", "pytest", "-q", "tests/gemm/test_gemm_gpu.py"]),
+                 (120, PY + [B + "gemm.py", "--cases", NT_CASES, "--runs", "5", "--out",
+                             "gemm-h200-s16-brows"]),
+                 (120, PY + [B + "gemm.py", "--b-rows", "none", "--cases", NT_CASES,
+                             "--runs", "5", "--out", "gemm-h200-s16-nobrows"])],
     "arows-probe": [(90, PY + ["-m", "pytest", "-q", "tests/gemm/test_gemm_gpu.py", "-k",
                                "a_rows"]),
                     (150, PY + [B + "gemm_probe.py", "--first", "1", "--no-kernels", "--out",

@@ -1,5 +1,6 @@
-"""A's panels copied whole, in contiguous chunks of rows (GemmPlan.a_rows), run by the real
-worker on the CPU against float64, and where the planner chooses it."""
+"""Panels stored rows x K copied whole, in contiguous chunks of rows (GemmPlan.a_rows for A,
+b_rows for a transposed B), run by the real worker on the CPU against float64, and where
+the planner chooses them."""
 
 from dataclasses import replace
 
@@ -17,9 +18,10 @@ from outcore.gemm.stats import DeviceStats, GemmStats
 from outcore.gemm.worker import GemmJob
 
 
-def _run(plan, monkeypatch, ta=False, compute="fp32"):
+def _run(plan, monkeypatch, ta=False, compute="fp32", tb=False):
     """The product on one CPU worker, exact to the compute's tolerance; returns the
-    worker's stats and the host regions each copy in read, by operand."""
+    worker's stats and the host regions each copy in read, by operand (in each operand's
+    storage coordinates)."""
     g = torch.Generator().manual_seed(0)
     A = torch.randn(plan.m, plan.k, generator=g)
     B = torch.randn(plan.k, plan.n, generator=g)
@@ -32,8 +34,9 @@ def _run(plan, monkeypatch, ta=False, compute="fp32"):
         return real(self, dst, host, region)
     monkeypatch.setattr(Copier, "h2d", h2d)
     a_host = A.t().contiguous() if ta else A      # op(A) = a_host.T when transposed
-    job = GemmJob(plan, HostMatrix(a_host, "A"), HostMatrix(B, "B"), HostMatrix(out, "out"),
-                  ta=ta, tb=False, alpha=1.0, beta=0.0)
+    b_host = B.t().contiguous() if tb else B
+    job = GemmJob(plan, HostMatrix(a_host, "A"), HostMatrix(b_host, "B"),
+                  HostMatrix(out, "out"), ta=ta, tb=tb, alpha=1.0, beta=0.0)
     st = GemmStats(plan.m, plan.n, plan.k, plan.compute, "", devices=[DeviceStats("cpu")])
     execute(job, [torch.device("cpu")], st)
     check_close(out, A.double().numpy(), B.double().numpy(), None, 1.0, 0.0, compute)
@@ -66,6 +69,22 @@ def test_a_rows_copies_each_a_block_whole_by_rows(monkeypatch, compute):
     assert st_r.block_misses == st_p.block_misses == 3 + 4 + 1
 
 
+def test_b_rows_copies_a_transposed_b_whole_by_rows(monkeypatch):
+    """op(B) = B.T: B is stored N x K, so its blocks are rows x K as A's are: with b_rows
+    each B copy spans all of K (contiguous), A's too with a_rows, and the result is exact;
+    a B that is not transposed (K x N) keeps its K pieces under b_rows."""
+    plan = make_plan(64, 40, 48, host_dtype=torch.float32, compute="bf16", budget=1 << 30,
+                     tile=(16, 20, 48, 8), device_type="cpu")
+    both = replace(plan, a_rows=True, b_rows=True)
+    assert "B's panels whole, by rows" in both.describe()
+    _, cp = _run(both, monkeypatch, compute="bf16", tb=True)
+    assert cp["B"] and all(c0 == 0 and c1 == 48 for _, _, c0, c1 in cp["B"])
+    assert all(c0 == 0 and c1 == 48 for _, _, c0, c1 in cp["A"])
+    assert sum((r1 - r0) * (c1 - c0) for r0, r1, c0, c1 in cp["B"]) == 40 * 48
+    _, cp = _run(both, monkeypatch, compute="bf16")
+    assert all(r1 - r0 == 8 for r0, r1, _, _ in cp["B"])   # K x N storage: K pieces
+
+
 def test_a_rows_leaves_a_transposed_a_and_wide_rows_in_pieces(monkeypatch):
     """op(A) = A.T keeps K along its storage rows: its blocks load in K pieces as before;
     so does a block whose one row is larger than a copy piece. Both exact."""
@@ -95,5 +114,10 @@ def test_planner_takes_a_by_rows_for_bf16_whole_width_tiles(monkeypatch):
     assert not make_plan(32768, 32768, 32768, compute="tf32", **kw).a_rows
     assert not make_plan(16384, 16384, 16384, compute="fp32", **kw).a_rows
     assert not make_plan(32768, 16384, 16384, compute="bf16", layout=(True, False), **kw).a_rows
+    nt = make_plan(32768, 16384, 16384, compute="bf16", layout=(False, True), **kw)
+    assert nt.a_rows and nt.b_rows      # the NT training shape: both panels by rows
+    assert not bf16.b_rows              # B stored K x N: its pieces are whole rows already
     monkeypatch.setattr(lone, "A_ROWS", ())
+    monkeypatch.setattr(lone, "B_ROWS", ())
     assert not make_plan(32768, 32768, 32768, compute="bf16", **kw).a_rows
+    assert not make_plan(32768, 16384, 16384, compute="bf16", layout=(False, True), **kw).b_rows

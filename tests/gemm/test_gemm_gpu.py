@@ -83,6 +83,27 @@ def test_prologue_schedule_on_the_gpu():
 
 
 @pytest.mark.parametrize("pinned", [True, False])
+def test_b_rows_on_the_gpu(pinned):
+    """A transposed B's panels whole by rows too (plan.b_rows), with A's (the NT shape of
+    a Linear layer's forward in bf16), against float64."""
+    A, _, _ = _data(2048, 1536, 3072, pinned)          # A: 2048 x 3072
+    Bt = torch.randn(1536, 3072, generator=torch.Generator().manual_seed(1))
+    if pinned:                                        # stored N x K: op(B) = Bt.T
+        Bt = pin_(Bt)
+        _PINNED.append(Bt)
+    plan = make_plan(2048, 1536, 3072, host_dtype=torch.float32, compute="bf16",
+                     budget=1 << 30, tile=(1024, 512, 3072, 512), layout=(False, True))
+    plan = replace(plan, a_rows=True, b_rows=True)
+    out = torch.empty(2048, 1536)
+    job = GemmJob(plan, HostMatrix(A, "A"), HostMatrix(Bt, "B"), HostMatrix(out, "C"),
+                  False, True, 1.0, 0.0)
+    st = GemmStats(2048, 1536, 3072, "bf16", "", devices=[DeviceStats("cuda:0")])
+    execute(job, [torch.device("cuda", 0)], st)
+    check_close(out, A.double().numpy(), Bt.double().numpy(), None, 1.0, 0.0, "bf16",
+                transb=True)
+
+
+@pytest.mark.parametrize("pinned", [True, False])
 @pytest.mark.parametrize("compute", ["bf16", "fp32"])
 def test_a_rows_on_the_gpu(pinned, compute):
     """A's panels whole in chunks of rows (plan.a_rows): converted through the landing

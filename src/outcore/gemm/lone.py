@@ -25,6 +25,8 @@ PIECE_FACTORS = (1, 2, 4, 8)          # copy pieces the model weighs, x the defa
 # tiles, 8192-deep pieces: 32 KiB rows) took its A panels in at ~48 GB/s against ~54 for
 # contiguous copies beside C's copies out (gemm-probe-h200.json's timelines).
 A_ROWS = ("bf16",)
+# The same for a transposed B's panels (stored N x K: the NT training shapes), session 16.
+B_ROWS = ("bf16",)
 WIDE_PIECE_FACTORS = PIECE_FACTORS + (16, 32)   # for whole-width row strips
 
 
@@ -109,7 +111,8 @@ def maybe_prologue(plan: GemmPlan, n_devices: int, device_type: str, rates: Rate
         return plan
     best, best_t = plan, estimate_seconds(plan, rates, layout=layout)
     factors = (1,) if piece_fixed else factors
-    by_rows = plan.compute in A_ROWS and not layout[0] and not piece_fixed
+    by_rows = not piece_fixed and (plan.compute in A_ROWS and not layout[0]
+                                   or plan.compute in B_ROWS and layout[1])
     # at least MIN_PIECES pieces a tile (unless forced): a whole-K piece leaves nothing to
     # overlap a tile's first GEMM with (the training shapes ran slower that way)
     deepest = plan.tile_k if piece_fixed else max(plan.piece_k, plan.tile_k // MIN_PIECES)
@@ -128,12 +131,16 @@ def maybe_prologue(plan: GemmPlan, n_devices: int, device_type: str, rates: Rate
             if t < (0.95 if p else 1.0 - _margin(plan)) * best_t:
                 best, best_t = cand, t
     if by_rows and best.prologue == 0:
-        # A by rows on the chosen pieces (B's), not under a prologue (every tile's first
-        # piece would wait for its whole A panel). Tried last: with A whole, the model
-        # ties every B piece (the first tile's start hides in B's copies), and the chosen
-        # piece keeps B's copies and GEMMs few.
-        cand = _replace(best, a_rows=True)
-        t = estimate_seconds(cand, rates, layout=layout)
-        if t < (1.0 - _margin(plan)) * best_t:
-            best, best_t = cand, t
+        # A (then a transposed B) by rows on the chosen pieces, not under a prologue (every
+        # tile's first piece would wait for its whole panel). Tried last: with A whole, the
+        # model ties every B piece (the first tile's start hides in B's copies), and the
+        # chosen piece keeps B's copies and GEMMs few.
+        for flag, ok in (("a_rows", plan.compute in A_ROWS and not layout[0]),
+                         ("b_rows", plan.compute in B_ROWS and layout[1])):
+            if not ok:
+                continue
+            cand = _replace(best, **{flag: True})
+            t = estimate_seconds(cand, rates, layout=layout)
+            if t < (1.0 - _margin(plan)) * best_t:
+                best, best_t = cand, t
     return _replace(best, est_seconds=best_t)

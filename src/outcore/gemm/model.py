@@ -110,6 +110,7 @@ def estimate_seconds(plan: GemmPlan, rates: Rates, depth: int = LONE_DEPTH,
 
     ta, tb = layout
     a_rows = plan.a_rows and not ta   # as DeviceWorker._by_rows
+    b_rows = plan.b_rows and tb
     ab = _size(plan.acc_dtype)
     known: dict = {}   # (rows, cols, kk) -> factors: few distinct shapes, many pieces
 
@@ -141,12 +142,14 @@ def estimate_seconds(plan: GemmPlan, rates: Rates, depth: int = LONE_DEPTH,
         for p in range(q0, q1):
             kk = pspans[kb][p][1] - pspans[kb][p][0]
             fa, fb = factors(pr, pc, kk)
-            if a_rows:   # the whole A block at its first need, in contiguous rows
-                kl = kspans[kb][1] - kspans[kb][0]
-                a = need(("A", t.i, kb), pr * kl * hb, row_factor(kl * hb, kl == plan.k))
-            else:
-                a = need(("A", t.i, kb, p), pr * kk * hb, fa)
-            ready.append(max(a, need(("B", t.j, kb, p), pc * kk * hb, fb)))
+            # a block by rows: all of it at its first need, in contiguous rows
+            kl = kspans[kb][1] - kspans[kb][0]
+            whole = row_factor(kl * hb, kl == plan.k)
+            a = (need(("A", t.i, kb), pr * kl * hb, whole) if a_rows
+                 else need(("A", t.i, kb, p), pr * kk * hb, fa))
+            b = (need(("B", t.j, kb), pc * kl * hb, whole) if b_rows
+                 else need(("B", t.j, kb, p), pc * kk * hb, fb))
+            ready.append(max(a, b))
         s = 0
         while s < len(ready):
             e = merged_end(ready, s, comp)

@@ -74,6 +74,7 @@ class GemmPlan:
     strip_tiles: int = 1         # 1 for a lone device; several devices: shared.py
     first_piece: int = 0         # > 0: a block's first piece is this deep (FIRST_PIECE)
     a_rows: bool = False         # A's blocks copied whole, in chunks of rows (lone.py)
+    b_rows: bool = False         # so are a transposed B's (stored N x K)
     budget: int = 0
     est_seconds: float | None = None
 
@@ -137,8 +138,8 @@ class GemmPlan:
         return max(self.tile_m, self.tile_n) * self.piece_k
 
     def row_chunk(self, k_len: int) -> int:
-        """Rows of A per copy where A's blocks go by rows (`a_rows`): a copy piece's size,
-        so that the landing buffers (2 pieces) hold a chunk."""
+        """Rows per copy where blocks go by rows (`a_rows`, `b_rows`): a copy piece's
+        size, so that the landing buffers (2 pieces) hold a chunk."""
         return max(1, self.piece_numel // max(1, k_len))
 
     @property
@@ -174,6 +175,7 @@ class GemmPlan:
                     f", last {self.strip_tiles} tiles in {self.strips} strips each")
         pro += f", first piece {self.first_piece} deep" if self.first_piece else ""
         pro += ", A's panels whole, by rows" if self.a_rows else ""
+        pro += ", B's panels whole, by rows" if self.b_rows else ""
         return (f"tiles {self.tile_m}x{self.tile_n}x{self.tile_k} (piece {self.piece_k}), "
                 f"{self.mt}x{self.nt} C tiles, {self.nk} K blocks, order {self.order}"
                 f"{'' if self.order == 'grow' else f' band {self.band}'}{pro}; per device "
@@ -255,7 +257,7 @@ def make_plan(m: int, n: int, k: int, *, host_dtype: torch.dtype, compute: str, 
     from . import lone
     args = (m, n, k, host_dtype, compute, budget, tile, n_devices, device_type, tuple(layout),
             lone.FLAT_TILES, FIRST_PIECE, SHARED_LONE_TILES, MAX_STRIPS,
-            MIN_STRIP.get(device_type), tuple(lone.A_ROWS))
+            MIN_STRIP.get(device_type), tuple(lone.A_ROWS), tuple(lone.B_ROWS))
     if rates is not None:
         return _search(*args, rates)
     return _cached_search(*args)
@@ -270,10 +272,10 @@ def _cached_search(*args) -> GemmPlan:
 
 
 def _search(m, n, k, host_dtype, compute, budget, tile, n_devices, device_type, layout,
-            flat, first_piece, shared_lone, _max_strips, _min_strip, _a_rows,
+            flat, first_piece, shared_lone, _max_strips, _min_strip, _a_rows, _b_rows,
             rates) -> GemmPlan:
     """make_plan's work, on its normalized arguments (the strip settings, read by
-    with_strips, and lone.A_ROWS are in them only to key the plan cache)."""
+    with_strips, and lone.A_ROWS and B_ROWS are in them only to key the plan cache)."""
     plan = None
     if n_devices > 1 and device_type == "cuda" and tile[0] is None and shared_lone:
         from .shared import shared   # shared.py imports this module
