@@ -194,7 +194,10 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
                  (120, PY + [B + "gemm.py", "--cases", NT_CASES, "--runs", "5", "--out",
                              "gemm-h200-s16-brows"]),
                  (120, PY + [B + "gemm.py", "--b-rows", "none", "--cases", NT_CASES,
-                             "--runs", "5", "--out", "gemm-h200-s16-nobrows"])],
+                             "--runs", "5", "--out", "gemm-h200-s16-nobrows"]),
+                 # the whole bench at B by rows too (the run of record if the A/B holds)
+                 (300, PY + [B + "gemm.py", "--budget-s", "240", "--out",
+                             "gemm-h200-s16-record2"])],
     "arows-probe": [(90, PY + ["-m", "pytest", "-q", "tests/gemm/test_gemm_gpu.py", "-k",
                                "a_rows"]),
                     (150, PY + [B + "gemm_probe.py", "--first", "1", "--no-kernels", "--out",
