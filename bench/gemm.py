@@ -444,7 +444,7 @@ def main() -> int:
                     "panels whole by rows (outcore.gemm.lone.A_ROWS; default bf16, since "
                     "session 16), or 'none'")
     ap.add_argument("--b-rows", help="the same for a transposed B's panels "
-                    "(outcore.gemm.lone.B_ROWS; default bf16, since session 16), or 'none'")
+                    "(outcore.gemm.lone.B_ROWS; default none: opt-in since session 16)")
     ap.add_argument("--cases", help="one GPU: comma-separated case names to run (default: "
                     "all)")
     ap.add_argument("--out", help="results file, or a bare name for bench/results/NAME.json "

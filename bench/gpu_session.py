@@ -189,7 +189,8 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
                             "--compiled", "--largest", "0", "--skip-tests", "--gpu-updates",
                             "2", "--timeout", "220", "--out", "stream-h200-s16-64k-dev2"])],
     # nvidia-h200 (session 16): the gemm GPU tests (B by rows among them), then the bf16 NT
-    # training shapes with a transposed B's panels by rows (the new default) and without
+    # training shapes with a transposed B's panels by rows (the default then, b070255) and
+    # without (B by rows became opt-in after it: slower at K = N = 8192)
     "brows-ab": [(120, PY + ["-m", "pytest", "-q", "tests/gemm/test_gemm_gpu.py"]),
                  (120, PY + [B + "gemm.py", "--cases", NT_CASES, "--runs", "5", "--out",
                              "gemm-h200-s16-brows"]),
