@@ -26,7 +26,7 @@ PIECE_FACTORS = (1, 2, 4, 8)          # copy pieces the model weighs, x the defa
 # contiguous copies beside C's copies out (gemm-probe-h200.json's timelines).
 A_ROWS = ("bf16",)
 # The same for a transposed B's panels (stored N x K: the NT training shapes). Opt-in:
-# session 16 measured the bf16 NT shapes at K = N = 16384 5-11% faster with it, and at
+# session 16 measured the bf16 NT shapes at K = N = 16384 5-8% faster with it, and at
 # 8192 2-9% slower (gemm-h200-s16-brows.json against -nobrows.json): no rule yet says
 # where it pays. ("bf16",) turns it on for bf16.
 B_ROWS: tuple[str, ...] = ()
