@@ -3,6 +3,7 @@ in strips that the queue hands out after every whole tile; results exact either 
 
 from dataclasses import replace
 
+import pytest
 import torch
 
 from gemm_testlib import check_close
@@ -78,13 +79,15 @@ def test_unequal_devices_finish_within_a_strip():
     assert any(late)
 
 
-def test_two_workers_on_a_plan_with_a_striped_tail_are_exact():
+@pytest.mark.parametrize("a_rows", [False, True])
+def test_two_workers_on_a_plan_with_a_striped_tail_are_exact(a_rows):
+    """(A's panels by rows, which a shared plan keeps from its lone plan, as well.)"""
     g = torch.Generator().manual_seed(3)
     m, n, k = 96, 80, 64
     A, B = torch.randn(m, k, generator=g), torch.randn(k, n, generator=g)
     plan = make_plan(m, n, k, host_dtype=torch.float32, compute="fp32", budget=1 << 30,
                      tile=(16, 40, 64, 16), device_type="cpu")
-    plan = replace(plan, strips=4, strip_tiles=5)
+    plan = replace(plan, strips=4, strip_tiles=5, a_rows=a_rows)
     assert plan.n_tiles == len(plan.tiles()) == 6 * 2 - 5 + 20
     for n_dev in (1, 2):
         out = torch.full((m, n), float("nan"))

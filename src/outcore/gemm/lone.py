@@ -21,9 +21,10 @@ from .tiles import cdiv
 FLAT_TILES = True
 PIECE_FACTORS = (1, 2, 4, 8)          # copy pieces the model weighs, x the default piece
 # Computes whose plans may copy A's panels whole, in contiguous chunks of rows (plan.a_rows)
-# instead of K pieces (2-D copies of short rows). Session 16: bf16 at 32768 (whole-width
-# tiles, 8192-deep pieces: 32 KiB rows) took its A panels in at ~48 GB/s against ~54 for
-# contiguous copies beside C's copies out (gemm-probe-h200.json's timelines).
+# instead of K pieces (2-D copies of rows of 8-32 KiB: 34-49 GB/s alone on the H200 against
+# 55 for 8-16 KiB). Session 16 on the H200: the bf16 NN training shapes 1.02-1.24x faster
+# with it, NT 1.03-1.07x, bf16-32768 the same (gemm-h200-s16-rows.json against -norows);
+# fp32 no faster (-fp32rows against -fp32pieces: fp32-16384 179.6 ms against 177.5).
 A_ROWS = ("bf16",)
 # The same for a transposed B's panels (stored N x K: the NT training shapes). Opt-in:
 # session 16 measured the bf16 NT shapes at K = N = 16384 5-8% faster with it, and at
