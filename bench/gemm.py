@@ -445,6 +445,8 @@ def main() -> int:
                     "session 16), or 'none'")
     ap.add_argument("--b-rows", help="the same for a transposed B's panels "
                     "(outcore.gemm.lone.B_ROWS; default none: opt-in since session 16)")
+    ap.add_argument("--accs", type=int, help="accumulators of a lone GPU's plan without a "
+                    "prologue (outcore.gemm.plan.LONE_ACCS, default 2)")
     ap.add_argument("--cases", help="one GPU: comma-separated case names to run (default: "
                     "all)")
     ap.add_argument("--out", help="results file, or a bare name for bench/results/NAME.json "
@@ -466,6 +468,8 @@ def main() -> int:
             plan_mod.MIN_STRIP = dict(plan_mod.MIN_STRIP, cuda=256)
     if args.small_shared_tiles:
         plan_mod.SHARED_LONE_TILES = False
+    if args.accs:
+        plan_mod.LONE_ACCS = args.accs
     t_start = time.perf_counter()
     n_gpu = 0 if args.smoke else min(args.gpus or torch.cuda.device_count(),
                                      torch.cuda.device_count())
@@ -526,6 +530,7 @@ def main() -> int:
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "bandwidth_gbps": env.bw, "budget_s": args.budget_s, "flat_tiles": not args.square_tiles,
         "a_rows": list(lone.A_ROWS), "b_rows": list(lone.B_ROWS),
+        "lone_accs": plan_mod.LONE_ACCS,
         "elapsed_s": time.perf_counter() - t_start, "dropped": dropped,
         "notes": ["host matrices are float32 and pinned (cudaHostRegister) in every case; "
                   "the case prefix / compute field names the arithmetic",

@@ -199,6 +199,23 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
                  # the whole bench at B by rows too (the run of record if the A/B holds)
                  (300, PY + [B + "gemm.py", "--budget-s", "240", "--out",
                              "gemm-h200-s16-record2"])],
+    # nvidia-h200 (session 16): 4 accumulators against 2 (plan.LONE_ACCS) at bf16-32768
+    # and fp32-16384, three alternations (the spread between runs is larger than the gain
+    # looked for: the 3.4 ms the compute stream idled behind C's copies out)
+    "accs-ab": [
+                (60, PY + [B + "gemm.py", "--accs", "4", "--cases", "bf16-32768,fp32-16384",
+                           "--runs", "5", "--out", "gemm-h200-s16-acc4-0"]),
+                (60, PY + [B + "gemm.py", "--cases", "bf16-32768,fp32-16384", "--runs", "5",
+                           "--out", "gemm-h200-s16-acc2-0"]),
+                (60, PY + [B + "gemm.py", "--accs", "4", "--cases", "bf16-32768,fp32-16384",
+                           "--runs", "5", "--out", "gemm-h200-s16-acc4-1"]),
+                (60, PY + [B + "gemm.py", "--cases", "bf16-32768,fp32-16384", "--runs", "5",
+                           "--out", "gemm-h200-s16-acc2-1"]),
+                (60, PY + [B + "gemm.py", "--accs", "4", "--cases", "bf16-32768,fp32-16384",
+                           "--runs", "5", "--out", "gemm-h200-s16-acc4-2"]),
+                (60, PY + [B + "gemm.py", "--cases", "bf16-32768,fp32-16384", "--runs", "5",
+                           "--out", "gemm-h200-s16-acc2-2"]),
+    ],
     "arows-probe": [(90, PY + ["-m", "pytest", "-q", "tests/gemm/test_gemm_gpu.py", "-k",
                                "a_rows"]),
                     (150, PY + [B + "gemm_probe.py", "--first", "1", "--no-kernels", "--out",

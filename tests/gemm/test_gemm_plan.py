@@ -201,3 +201,32 @@ def test_whole_width_strips_for_link_bound_products(monkeypatch):
                                 "cuda", Rates())
     assert deep.piece_k == 8192 and not deep.a_rows
     assert usual.piece_k <= 2048 and usual.est_seconds > deep.est_seconds
+
+
+def test_lone_accumulators_where_the_budget_holds_them(monkeypatch):
+    """plan.LONE_ACCS (opt-in): a lone GPU's plan without a prologue gets that many
+    accumulators when they fit its budget; a prologue's plan, several devices, and a budget
+    without room keep theirs. The product stays exact (accumulator slots cycle by tile)."""
+    import outcore.gemm.plan as plan_mod
+    kw = dict(host_dtype=torch.float32, compute="bf16", device_type="cuda")
+    assert make_plan(32768, 32768, 32768, budget=120 << 30, **kw).n_acc == 2
+    monkeypatch.setattr(plan_mod, "LONE_ACCS", 4)
+    four = make_plan(32768, 32768, 32768, budget=120 << 30, **kw)
+    assert four.n_acc == 4 and four.device_bytes() <= 120 << 30
+    assert make_plan(32768, 32768, 32768, budget=120 << 30, n_devices=2, **kw).n_acc == 2
+    tf32 = make_plan(32768, 32768, 32768, budget=120 << 30, host_dtype=torch.float32,
+                     compute="tf32", device_type="cuda")
+    assert tf32.prologue and tf32.n_acc >= tf32.n_tiles
+    tight = make_plan(8192, 8192, 8192, budget=700 << 20, **kw)
+    assert tight.n_acc == 2 or tight.device_bytes() <= 700 << 20
+    cpu_plan = make_plan(64, 40, 48, host_dtype=torch.float32, compute="fp32",
+                         budget=1 << 30, tile=(16, 40, 48, 8), device_type="cpu")
+    g = torch.Generator().manual_seed(5)
+    A, B = torch.randn(64, 48, generator=g), torch.randn(48, 40, generator=g)
+    out = torch.full((64, 40), float("nan"))
+    plan = replace(cpu_plan, n_acc=4)
+    job = GemmJob(plan, HostMatrix(A, "A"), HostMatrix(B, "B"), HostMatrix(out, "out"),
+                  ta=False, tb=False, alpha=1.0, beta=0.0)
+    execute(job, [torch.device("cpu")], GemmStats(64, 40, 48, "fp32", "",
+                                                  devices=[DeviceStats("cpu")]))
+    check_close(out, A.double().numpy(), B.double().numpy(), None, 1.0, 0.0, "fp32")

@@ -46,6 +46,11 @@ MAX_STRIPS = 4              # row strips the last tile of a lone device is cut i
 # about 3 ms for its first 2048-deep pieces; a 512-deep first piece would start it sooner.
 FIRST_PIECE = 0
 MIN_STRIP = {"cuda": 512, "cpu": 4}   # rows a strip keeps at least (its GEMM stays large)
+# Accumulators of a lone GPU's plan without a prologue, where the budget holds them. With 2,
+# a tile's GEMMs wait for the copy out of the tile two before it: at bf16-32768 on the H200
+# the compute stream idled 3.4 ms so near the end, behind C's copies out (gemm-probe-h200-
+# s16.json). Opt-in (session 16): more lets compute run further ahead of them.
+LONE_ACCS = 2
 # Several GPUs: the tiles a lone GPU would take, the order's last ones in strips that the
 # queue hands out last (shared.py), instead of tiles small enough to balance throughout.
 # Session 14, two H200s at fp32-32768: 2048-wide tiles (the rule below) ran 94.0 TFLOP/s,
@@ -257,7 +262,7 @@ def make_plan(m: int, n: int, k: int, *, host_dtype: torch.dtype, compute: str, 
     from . import lone
     args = (m, n, k, host_dtype, compute, budget, tile, n_devices, device_type, tuple(layout),
             lone.FLAT_TILES, FIRST_PIECE, SHARED_LONE_TILES, MAX_STRIPS,
-            MIN_STRIP.get(device_type), tuple(lone.A_ROWS), tuple(lone.B_ROWS))
+            MIN_STRIP.get(device_type), tuple(lone.A_ROWS), tuple(lone.B_ROWS), LONE_ACCS)
     if rates is not None:
         return _search(*args, rates)
     return _cached_search(*args)
@@ -273,7 +278,7 @@ def _cached_search(*args) -> GemmPlan:
 
 def _search(m, n, k, host_dtype, compute, budget, tile, n_devices, device_type, layout,
             flat, first_piece, shared_lone, _max_strips, _min_strip, _a_rows, _b_rows,
-            rates) -> GemmPlan:
+            lone_accs, rates) -> GemmPlan:
     """make_plan's work, on its normalized arguments (the strip settings, read by
     with_strips, and lone.A_ROWS and B_ROWS are in them only to key the plan cache)."""
     plan = None
@@ -284,6 +289,10 @@ def _search(m, n, k, host_dtype, compute, budget, tile, n_devices, device_type, 
     if plan is None:
         plan = _search_tiles(m, n, k, host_dtype, compute, budget, tile, n_devices,
                              device_type, layout, flat, rates)
+    if (lone_accs > plan.n_acc and n_devices == 1 and device_type == "cuda"
+            and not plan.prologue):
+        more = replace(plan, n_acc=lone_accs)
+        plan = more if more.device_bytes() <= budget else plan
     if not 0 < first_piece < plan.piece_k:
         return plan
     plan = replace(plan, first_piece=first_piece)
