@@ -446,7 +446,7 @@ def main() -> int:
     ap.add_argument("--b-rows", help="the same for a transposed B's panels "
                     "(outcore.gemm.lone.B_ROWS; default none: opt-in since session 16)")
     ap.add_argument("--accs", type=int, help="accumulators of a lone GPU's plan without a "
-                    "prologue (outcore.gemm.plan.LONE_ACCS, default 2)")
+                    "prologue (outcore.gemm.plan.LONE_ACCS, default 4 since session 16)")
     ap.add_argument("--cases", help="one GPU: comma-separated case names to run (default: "
                     "all)")
     ap.add_argument("--out", help="results file, or a bare name for bench/results/NAME.json "

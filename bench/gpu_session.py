@@ -236,6 +236,10 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
                 (60, PY + [B + "gemm.py", "--cases", "bf16-32768,fp32-16384", "--runs", "5",
                            "--out", "gemm-h200-s16-acc2-6"]),
     ],
+    # nvidia-h200 (session 16, the last call): the gemm GPU tests, then the whole bench at
+    # 4 accumulators (the new default) under a 150 s budget: the run of record
+    "s16-record3": [(60, PY + ["-m", "pytest", "-q", "tests/gemm/test_gemm_gpu.py"]),
+                    (200, PY + [B + "gemm.py", "--budget-s", "150"])],
     "arows-probe": [(90, PY + ["-m", "pytest", "-q", "tests/gemm/test_gemm_gpu.py", "-k",
                                "a_rows"]),
                     (150, PY + [B + "gemm_probe.py", "--first", "1", "--no-kernels", "--out",

@@ -204,11 +204,12 @@ def test_whole_width_strips_for_link_bound_products(monkeypatch):
 
 
 def test_lone_accumulators_where_the_budget_holds_them(monkeypatch):
-    """plan.LONE_ACCS (opt-in): a lone GPU's plan without a prologue gets that many
-    accumulators when they fit its budget; a prologue's plan, several devices, and a budget
-    without room keep theirs. The product stays exact (accumulator slots cycle by tile)."""
+    """plan.LONE_ACCS (4 since session 16): a lone GPU's plan without a prologue gets that
+    many accumulators when they fit its budget; a prologue's plan, several devices, and a
+    budget without room keep theirs. The product stays exact (slots cycle by tile)."""
     import outcore.gemm.plan as plan_mod
     kw = dict(host_dtype=torch.float32, compute="bf16", device_type="cuda")
+    monkeypatch.setattr(plan_mod, "LONE_ACCS", 2)
     assert make_plan(32768, 32768, 32768, budget=120 << 30, **kw).n_acc == 2
     monkeypatch.setattr(plan_mod, "LONE_ACCS", 4)
     four = make_plan(32768, 32768, 32768, budget=120 << 30, **kw)

@@ -49,8 +49,10 @@ MIN_STRIP = {"cuda": 512, "cpu": 4}   # rows a strip keeps at least (its GEMM st
 # Accumulators of a lone GPU's plan without a prologue, where the budget holds them. With 2,
 # a tile's GEMMs wait for the copy out of the tile two before it: at bf16-32768 on the H200
 # the compute stream idled 3.4 ms so near the end, behind C's copies out (gemm-probe-h200-
-# s16.json). Opt-in (session 16): more lets compute run further ahead of them.
-LONE_ACCS = 2
+# s16.json). Session 16, 7 pairs of runs against 2: bf16-32768 faster in all 7 (0.2-1.4%,
+# about 0.8% on average), fp32-16384 the same (gemm-h200-s16-acc*.json and the logs
+# gemm-h200-s16-accs-ab2-*.log, whose JSON files did not come back).
+LONE_ACCS = 4
 # Several GPUs: the tiles a lone GPU would take, the order's last ones in strips that the
 # queue hands out last (shared.py), instead of tiles small enough to balance throughout.
 # Session 14, two H200s at fp32-32768: 2048-wide tiles (the rule below) ran 94.0 TFLOP/s,
