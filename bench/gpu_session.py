@@ -41,6 +41,18 @@ FP32_ROWS_CASES = ",".join(["fp32-16384"] + [f"train-{lay}-t{t}-f{f}-fp32"
 NT_CASES = ",".join(f"train-NT-t{t}-f{f}-bf16" for t in (16384, 32768, 65536)
                     for f in (8192, 16384))
 
+def accs_pairs(pairs, alternate: bool) -> list:
+    """bench/gemm.py at bf16-32768 and fp32-16384 with 4 accumulators and with 2, a pair
+    per index (files gemm-h200-s16-acc{4,2}-I); alternate: odd pairs run 2 first."""
+    out = []
+    for i in pairs:
+        runs = [(60, PY + [B + "gemm.py"] + (["--accs", "4"] if n == 4 else [])
+                 + ["--cases", "bf16-32768,fp32-16384", "--runs", "5", "--out",
+                    f"gemm-h200-s16-acc{n}-{i}"]) for n in (4, 2)]
+        out += runs[::-1] if alternate and i % 2 else runs
+    return out
+
+
 # name: [(seconds allowed, command)], the next GPU session's plan (bench/NOTES.md)
 STEPS: dict[str, list[tuple[int, list[str]]]] = {
     # nvidia-h200: the stream GPU tests, then outcore alone at compiled 3b-16k: the default
@@ -202,40 +214,10 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
     # nvidia-h200 (session 16): 4 accumulators against 2 (plan.LONE_ACCS) at bf16-32768
     # and fp32-16384, three alternations (the spread between runs is larger than the gain
     # looked for: the 3.4 ms the compute stream idled behind C's copies out)
-    "accs-ab": [
-                (60, PY + [B + "gemm.py", "--accs", "4", "--cases", "bf16-32768,fp32-16384",
-                           "--runs", "5", "--out", "gemm-h200-s16-acc4-0"]),
-                (60, PY + [B + "gemm.py", "--cases", "bf16-32768,fp32-16384", "--runs", "5",
-                           "--out", "gemm-h200-s16-acc2-0"]),
-                (60, PY + [B + "gemm.py", "--accs", "4", "--cases", "bf16-32768,fp32-16384",
-                           "--runs", "5", "--out", "gemm-h200-s16-acc4-1"]),
-                (60, PY + [B + "gemm.py", "--cases", "bf16-32768,fp32-16384", "--runs", "5",
-                           "--out", "gemm-h200-s16-acc2-1"]),
-                (60, PY + [B + "gemm.py", "--accs", "4", "--cases", "bf16-32768,fp32-16384",
-                           "--runs", "5", "--out", "gemm-h200-s16-acc4-2"]),
-                (60, PY + [B + "gemm.py", "--cases", "bf16-32768,fp32-16384", "--runs", "5",
-                           "--out", "gemm-h200-s16-acc2-2"]),
-    ],
+    "accs-ab": accs_pairs(range(3), alternate=False),
     # nvidia-h200 (session 16, after accs-ab: 4 accumulators won all three pairs by 0.4-1.7
     # ms, inside one run's spread): four more pairs, each pair's order alternating
-    "accs-ab2": [
-                (60, PY + [B + "gemm.py", "--cases", "bf16-32768,fp32-16384", "--runs", "5",
-                           "--out", "gemm-h200-s16-acc2-3"]),
-                (60, PY + [B + "gemm.py", "--accs", "4", "--cases", "bf16-32768,fp32-16384",
-                           "--runs", "5", "--out", "gemm-h200-s16-acc4-3"]),
-                (60, PY + [B + "gemm.py", "--accs", "4", "--cases", "bf16-32768,fp32-16384",
-                           "--runs", "5", "--out", "gemm-h200-s16-acc4-4"]),
-                (60, PY + [B + "gemm.py", "--cases", "bf16-32768,fp32-16384", "--runs", "5",
-                           "--out", "gemm-h200-s16-acc2-4"]),
-                (60, PY + [B + "gemm.py", "--cases", "bf16-32768,fp32-16384", "--runs", "5",
-                           "--out", "gemm-h200-s16-acc2-5"]),
-                (60, PY + [B + "gemm.py", "--accs", "4", "--cases", "bf16-32768,fp32-16384",
-                           "--runs", "5", "--out", "gemm-h200-s16-acc4-5"]),
-                (60, PY + [B + "gemm.py", "--accs", "4", "--cases", "bf16-32768,fp32-16384",
-                           "--runs", "5", "--out", "gemm-h200-s16-acc4-6"]),
-                (60, PY + [B + "gemm.py", "--cases", "bf16-32768,fp32-16384", "--runs", "5",
-                           "--out", "gemm-h200-s16-acc2-6"]),
-    ],
+    "accs-ab2": accs_pairs(range(3, 7), alternate=True),
     # nvidia-h200 (session 16, the last call): the gemm GPU tests, then the whole bench at
     # 4 accumulators (the new default) under a 150 s budget: the run of record
     "s16-record3": [(60, PY + ["-m", "pytest", "-q", "tests/gemm/test_gemm_gpu.py"]),
