@@ -73,7 +73,7 @@ class BlockLoads:
     def _by_rows(self, blk: Block) -> bool:
         """An empty block stored rows x K (A's, or a transposed B's) of a plan that copies
         its operand by rows, whose rows fit a copy piece (the landing buffers' size)."""
-        r0, r1, c0, c1 = blk.region
+        _, _, c0, c1 = blk.region
         p = self.plan
         return ((p.a_rows if blk.key[0] == "A" else p.b_rows) and not blk.k_on_rows
                 and blk.loaded == 0 and c1 - c0 <= p.piece_numel)

@@ -139,12 +139,12 @@ def estimate_seconds(plan: GemmPlan, rates: Rates, depth: int = LONE_DEPTH,
         pr = min(plan.tile_m, plan.m - t.i * plan.tile_m)
         pc = min(plan.tile_n, plan.n - t.j * plan.tile_n)
         ready = []
+        # a block by rows: all of it at its first need, in contiguous rows of the K block
+        kl = kspans[kb][1] - kspans[kb][0]
+        whole = row_factor(kl * hb, kl == plan.k) if a_rows or b_rows else 1.0
         for p in range(q0, q1):
             kk = pspans[kb][p][1] - pspans[kb][p][0]
             fa, fb = factors(pr, pc, kk)
-            # a block by rows: all of it at its first need, in contiguous rows
-            kl = kspans[kb][1] - kspans[kb][0]
-            whole = row_factor(kl * hb, kl == plan.k)
             a = (need(("A", t.i, kb), pr * kl * hb, whole) if a_rows
                  else need(("A", t.i, kb, p), pr * kk * hb, fa))
             b = (need(("B", t.j, kb), pc * kl * hb, whole) if b_rows
