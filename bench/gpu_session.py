@@ -200,6 +200,20 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
                 (250, PY + [B + "stream.py", "--cases", "3b-64k", "--systems", "outcore",
                             "--compiled", "--largest", "0", "--skip-tests", "--gpu-updates",
                             "2", "--timeout", "220", "--out", "stream-h200-s16-64k-dev2"])],
+    # nvidia-h200 (session 17): 3b-64k with the balance planner's head (rest and blocks
+    # 1-2 on the device) and compute-bound rule, every system (a run-of-record candidate)
+    "s17-64k": [(450, PY + [B + "stream.py", "--cases", "3b-64k", "--compiled", "--largest",
+                            "0", "--skip-tests", "--timeout", "200", "--out",
+                            "stream-h200-s17-64k"])],
+    # nvidia-h200 (session 17): outcore at 3b-64k without the head (the rule before:
+    # sessions 11 and 16 ran 405 and 406), then the gemm GPU tests and a complete gemm run
+    # of record at the current defaults (session 16's last dropped 12 training shapes)
+    "s17-gemm": [(175, PY + [B + "stream.py", "--cases", "3b-64k", "--systems", "outcore",
+                             "--compiled", "--largest", "0", "--skip-tests", "--timeout",
+                             "170", "--balance-head", "0", "--out",
+                             "stream-h200-s17-64k-head0"]),
+                 (70, PY + ["-m", "pytest", "-q", "tests/gemm/test_gemm_gpu.py"]),
+                 (330, PY + [B + "gemm.py", "--budget-s", "300"])],
     # nvidia-h200 (session 16): the gemm GPU tests (B by rows among them), then the bf16 NT
     # training shapes with a transposed B's panels by rows (the default then, b070255) and
     # without (B by rows became opt-in after it: slower at K = N = 8192)

@@ -90,6 +90,8 @@ def run_outcore(args) -> dict:
     from outcore.stream import balance
     balance.MODEL = args.balance_model   # the balance planner's model of a step
     balance.CPU_RATE = args.cpu_rate      # and the CPU rate it plans with
+    if args.balance_head is not None:     # the groups it keeps on the device (0: none)
+        balance.HEAD = args.balance_head
     eng.updater.order = args.update_order   # which groups' AdamW moves to the GPU first
     eng.updater.lazy_copies = args.lazy_copies   # before any group moves (no 16-bit ring)
     eng.updater.resident_mv = args.resident_mv   # device blocks whose m, v stay there
@@ -403,6 +405,10 @@ def main() -> None:
     ap.add_argument("--balance-model", default="queues", choices=["queues", "simulate"],
                     help="outcore: the balance planner's model of a step (A/B of "
                     "stream/balance.MODEL; session 12 ran 'simulate')")
+    ap.add_argument("--balance-head", type=int, default=None, help="outcore: the groups "
+                    "(rest, blocks 1..N-1) the balance planner keeps on the device where "
+                    "that costs little (default: stream/balance.HEAD; 0: the rule before "
+                    "session 17)")
     ap.add_argument("--block-slots", type=int, default=3, help="outcore's Engine(block_slots"
                     "=N): N - 2 blocks loaded ahead (opt-in; session 13's A/B: no faster)")
     ap.add_argument("--cpu-rate", default="last", choices=["last", "best"],
@@ -447,12 +453,17 @@ def main() -> None:
              "--gpu-updates", args.gpu_updates, "--balance-model", args.balance_model,
              "--cpu-rate", args.cpu_rate, "--block-slots", str(args.block_slots),
              "--resident-mv", str(args.resident_mv)] \
+        + (["--balance-head", str(args.balance_head)] if args.balance_head is not None
+           else []) \
         + (["--clip", str(args.clip)] if args.clip else []) \
         + switches(args, ("profile",) + OUTCORE_SWITCHES) + model_flags(args)
     for k in ("clip", "held_gpu_updates", "update_order", "gpu_updates",
               "balance_model", "cpu_rate", "block_slots", "resident_mv") + OUTCORE_SWITCHES \
             + MODEL_SWITCHES:
         doc[k] = getattr(args, k)
+    from outcore.stream import balance
+    doc["balance_head"] = balance.HEAD if args.balance_head is None else args.balance_head
+    doc["compute_bound"] = balance.COMPUTE_BOUND
     if not args.skip_tests:
         doc["gpu_tests"] = gpu_tests()
         if "parts" in doc:

@@ -13,7 +13,10 @@ keeps the shortest, moving groups either way. Its model (MODEL) is `predict` her
 step's queues (compute, overlapped with the longest of h2d bytes / link rate, d2h bytes /
 link rate and CPU-updated params / the CPU's measured AdamW rate) plus what the CPU
 AdamW holds it up (cpu_lateness); stream/simulate.py's step played block by block is the
-opt-in alternative. The rates only steer: a wrong one costs speed.
+opt-in alternative. Two rules sit on top of the model (session 17): the head (HEAD: rest
+and blocks 1-2 stay on the device unless the model puts that FLOOR_SLACK slower) and, where
+the model puts the step at its compute, the fewest groups (COMPUTE_BOUND). The rates only
+steer: a wrong one costs speed.
 """
 
 from __future__ import annotations
@@ -30,6 +33,22 @@ LINK_BPS = 42.5e9
 # none): DESIGN.md's 2.5 G params/s on the H200's 16 cores while copies run both ways.
 CPU_PRIOR = 2.5e9
 HYSTERESIS = 0.97   # a new choice must predict a step at least 3% shorter
+# The head: rest and blocks 1-2, the last gradients of backward and the first groups the
+# next forward needs, update on the device (where the budget holds them: affordable) unless
+# the model predicts that at least FLOOR_SLACK slower than its best. On the CPU their
+# updates are the step's tail: at 3b-64k on the H200, with no group on the device, the next
+# forward waited 0.35-0.37 s for them (sessions 11 and 16, stream-h200.json and
+# -s16-64k.json), where cpu_lateness predicts 0.07; with the head on the device the wait
+# was 0.06-0.08 s and the step 3.170 s against 3.266-3.278 (-s16-64k-dev2.json). Blocks 1-2
+# are still in their slots when the next forward starts (no load) and rest stays resident.
+HEAD = 3
+FLOOR_SLACK = 1.05
+# Where the best prediction is within COMPUTE_BOUND of the compute alone (the copies and
+# the CPU hidden under it), the fewest groups predicted within that bound: each more group
+# only adds copies the model counts as hidden. At 3b-64k the model put 2-16 groups within
+# 1% of one another (2.98-3.00 s); 14 groups measured 3.262 s (session 16), the head alone
+# 3.170. At 3b-16k and 1b-16k the best predictions sit 10% above the compute: no change.
+COMPUTE_BOUND = 1.01
 # The planner's model of a step: "queues" (predict below; the default) or "simulate"
 # (stream/simulate.py, block by block; opt-in). With the fused host copies at 3b-16k on
 # the H200 the queues model picked 13-15 device groups where it measured a CPU rate near
@@ -164,21 +183,37 @@ def predict(numels, device, copy_mode, n_slots, rates: Rates,
 
 def choose(numels, order: list[int], current: set[int], copy_mode, n_slots,
            rates: Rates, cap: int | None = None, kept: int = 0,
-           grad_bytes: int = 4, step=None, lazy: bool = False) -> set[int]:
+           grad_bytes: int = 4, step=None, lazy: bool = False, floor: int = 0) -> set[int]:
     """The prefix of `order` with the shortest predicted step (the fewest groups among
-    equals); `current` unless that predicts at least 1 - HYSTERESIS shorter. step: the
+    equals, and the fewest within COMPUTE_BOUND of the compute where the best is); at
+    least `floor` groups long unless that predicts FLOOR_SLACK slower (see HEAD); `current`
+    (with the floor) unless the choice predicts at least 1 - HYSTERESIS shorter. step: the
     model, device groups -> seconds (default: predict with these arguments)."""
     if step is None:
         def step(d: set[int]) -> float:
             return predict(numels, d, copy_mode, n_slots, rates, cap, kept=kept,
                            grad_bytes=grad_bytes, lazy=lazy)
-    best, best_s = set(), None
-    for j in range(len(order) + 1):
-        d = set(order[:j])
-        s = step(d)
-        if best_s is None or s < best_s * (1 - 1e-9):
-            best, best_s = d, s
-    return best if best_s < HYSTERESIS * step(set(current)) else set(current)
+    preds = [step(set(order[:j])) for j in range(len(order) + 1)]
+    lo = min(floor, len(order))
+    j = _shortest(preds, lo)
+    if preds[j] > FLOOR_SLACK * preds[_shortest(preds, 0)]:
+        lo = 0
+        j = _shortest(preds, 0)
+    bound = COMPUTE_BOUND * rates.compute_s
+    if preds[j] <= bound:
+        j = next(i for i in range(lo, len(preds)) if preds[i] <= bound)
+    best, best_s = set(order[:j]), preds[j]
+    held = set(current) | set(order[:lo])
+    return best if best_s < HYSTERESIS * step(held) else held
+
+
+def _shortest(preds: list[float], lo: int) -> int:
+    """The index >= lo of the shortest prediction, the first of equals (to 1e-9)."""
+    j = lo
+    for i in range(lo + 1, len(preds)):
+        if preds[i] < preds[j] * (1 - 1e-9):
+            j = i
+    return j
 
 
 def step_model(numels, copy_mode, n_slots, rates: Rates, cap: int | None, kept: int,
@@ -205,6 +240,7 @@ class Balancer:
         self.u = updater
         self.cpu_rate = CPU_PRIOR
         self.measured = 0.0   # the highest CPU rate measured so far
+        self.floor = HEAD     # groups of the candidate order kept on the device (HEAD)
         self.log: list[dict] = []
 
     def plan(self, compute_s: float, cpu_busy_s: float, cpu_params: int) -> list[int]:
@@ -224,7 +260,7 @@ class Balancer:
         model = step_model(numels, e.copy_mode, len(e.cache.slots), rates, cap, kept,
                            e.stats.cpu_grad_bytes, self.u.lazy_copies)
         want = choose(numels, order, self.u.groups, e.copy_mode, len(e.cache.slots), rates,
-                      step=model)
+                      step=model, floor=self.floor)
         added = self.u.affordable([g for g in order if g in want and g not in self.u.groups])
         back = sorted(self.u.groups - want)
         self.u.enable(added)
