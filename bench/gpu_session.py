@@ -205,6 +205,11 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
     "s17-64k": [(450, PY + [B + "stream.py", "--cases", "3b-64k", "--compiled", "--largest",
                             "0", "--skip-tests", "--timeout", "200", "--out",
                             "stream-h200-s17-64k"])],
+    # nvidia-h200 (session 17): the stream GPU tests, then 3b-16k every system at the head's
+    # commit (the rule should leave its choice alone: the model's best sits ~10% above the
+    # compute there), then 1b-16k outcore alone
+    "s17-16k": [(570, PY + [B + "stream.py", "--cases", "3b-16k", "--compiled", "--largest",
+                            "0", "--timeout", "200", "--out", "stream-h200-s17-16k"])],
     # nvidia-h200 (session 17): outcore at 3b-64k without the head (the rule before:
     # sessions 11 and 16 ran 405 and 406), then the gemm GPU tests and a complete gemm run
     # of record at the current defaults (session 16's last dropped 12 training shapes)
