@@ -207,7 +207,7 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
                             "stream-h200-s17-64k"])],
     # nvidia-h200 (session 17): the stream GPU tests, then 3b-16k every system at the head's
     # commit (the rule should leave its choice alone: the model's best sits ~10% above the
-    # compute there), then 1b-16k outcore alone
+    # compute there)
     "s17-16k": [(570, PY + [B + "stream.py", "--cases", "3b-16k", "--compiled", "--largest",
                             "0", "--timeout", "200", "--out", "stream-h200-s17-16k"])],
     # nvidia-h200 (session 17): outcore at 3b-64k without the head (the rule before:
