@@ -210,6 +210,14 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
     # compute there)
     "s17-16k": [(570, PY + [B + "stream.py", "--cases", "3b-16k", "--compiled", "--largest",
                             "0", "--timeout", "200", "--out", "stream-h200-s17-16k"])],
+    # nvidia-h200 (session 17): 7b-16k outcore alone (does the head fit its budget? the
+    # planner kept rest alone there in session 12, by the budget), then 1b-16k every system
+    "s17-7b-1b": [(210, PY + [B + "stream.py", "--cases", "7b-16k", "--systems", "outcore",
+                              "--compiled", "--largest", "0", "--skip-tests", "--timeout",
+                              "200", "--out", "stream-h200-s17-7b"]),
+                  (240, PY + [B + "stream.py", "--cases", "1b-16k", "--compiled",
+                              "--largest", "0", "--skip-tests", "--timeout", "100",
+                              "--out", "stream-h200-s17-1b"])],
     # nvidia-h200 (session 17): outcore at 3b-64k without the head (the rule before:
     # sessions 11 and 16 ran 405 and 406), then the gemm GPU tests and a complete gemm run
     # of record at the current defaults (session 16's last dropped 12 training shapes)
