@@ -216,7 +216,7 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
                               "--compiled", "--largest", "0", "--skip-tests", "--timeout",
                               "200", "--out", "stream-h200-s17-7b"]),
                   (240, PY + [B + "stream.py", "--cases", "1b-16k", "--compiled",
-                              "--largest", "0", "--skip-tests", "--timeout", "100",
+                              "--largest", "0", "--skip-tests", "--timeout", "120",
                               "--out", "stream-h200-s17-1b"])],
     # nvidia-h200 (session 17): outcore at 3b-64k without the head (the rule before:
     # sessions 11 and 16 ran 405 and 406), then the gemm GPU tests and a complete gemm run
