@@ -218,6 +218,12 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
                   (240, PY + [B + "stream.py", "--cases", "1b-16k", "--compiled",
                               "--largest", "0", "--skip-tests", "--timeout", "120",
                               "--out", "stream-h200-s17-1b"])],
+    # nvidia-h200 (session 17): 7b-16k PyTorch and FSDP2 beside s17-7b-1b's outcore row
+    # (2.00 s a step against the record's 2.35 at b33ddcd), for the record's 7b-16k part
+    "s17-7b-peers": [(420, PY + [B + "stream.py", "--cases", "7b-16k", "--systems",
+                                 "pytorch,fsdp2", "--compiled", "--largest", "0",
+                                 "--skip-tests", "--timeout", "220", "--out",
+                                 "stream-h200-s17-7b-peers"])],
     # nvidia-h200 (session 17): outcore at 3b-64k without the head (the rule before:
     # sessions 11 and 16 ran 405 and 406), then the gemm GPU tests and a complete gemm run
     # of record at the current defaults (session 16's last dropped 12 training shapes)
