@@ -68,7 +68,7 @@ def test_warmup_waits_for_the_planner(monkeypatch, moves_after, tuning_until, wa
                               settle_compiles=False, gpu_updates="balance", no_keep_weights=False,
                               lazy_copies=False, resident_mv=0,
                               fused_copy=False, no_host_weight_copy=False,
-                              balance_model="queues", cpu_rate="last",
+                              balance_model="queues", cpu_rate="last", balance_head=None,
                               block_slots=3)
     r = bench.run_outcore(args)
     assert r["warmup_steps"] == warmup_steps and r["plan_settled"] is settled
