@@ -39,8 +39,10 @@ HYSTERESIS = 0.97   # a new choice must predict a step at least 3% shorter
 # updates are the step's tail: at 3b-64k on the H200, with no group on the device, the next
 # forward waited 0.35-0.37 s for them (sessions 11 and 16, stream-h200.json and
 # -s16-64k.json), where cpu_lateness predicts 0.07; with the head on the device the wait
-# was 0.06-0.08 s and the step 3.170 s against 3.266-3.278 (-s16-64k-dev2.json). Blocks 1-2
-# are still in their slots when the next forward starts (no load) and rest stays resident.
+# was 0.06-0.08 s and the step 3.170 s against 3.266-3.278 (-s16-64k-dev2.json). Session
+# 17's A/B at 7790d58: with the head 3.135 s (422 TFLOP/s, -s17-64k.json), without it no
+# group and 3.239 s (409, -s17-64k-head0.json). Blocks 1-2 are still in their slots when
+# the next forward starts (no load) and rest stays resident.
 HEAD = 3
 FLOOR_SLACK = 1.05
 # Where the best prediction is within COMPUTE_BOUND of the compute alone (the copies and
