@@ -453,10 +453,9 @@ def main() -> int:
                     "(default bench/results/gemm-<machine>.json; smoke: "
                     "/tmp/outcore-bench/gemm-smoke.json)")
     args = ap.parse_args()
-    if args.square_tiles:
-        import outcore.gemm.lone as lone
-        lone.FLAT_TILES = False
     import outcore.gemm.lone as lone
+    if args.square_tiles:
+        lone.FLAT_TILES = False
     if args.a_rows is not None:
         lone.A_ROWS = () if args.a_rows == "none" else tuple(args.a_rows.split(","))
     if args.b_rows is not None:

@@ -86,12 +86,11 @@ class BlockLoads:
         block's GEMMs wait for all of it."""
         host = self.job.a if blk.key[0] == "A" else self.job.b
         r0, r1, c0, c1 = blk.region
-        step, item = self.plan.row_chunk(c1 - c0), host.dtype.itemsize
+        step = self.plan.row_chunk(c1 - c0)
         eta = ev = None
         for j in range(0, r1 - r0, step):
             j1 = min(j + step, r1 - r0)
-            eta = self.clock.load((j1 - j) * (c1 - c0) * item, (c1 - c0) * item,
-                                  c1 - c0 == host.shape[1])
+            eta = self._eta(host, j1 - j, c1 - c0)
             ev = self._copy_in(blk, blk.view[j:j1], host, (r0 + j, r0 + j1, c0, c1), j == 0)
         blk.events = [ev] * len(blk.bounds)
         blk.etas = [eta] * len(blk.bounds)
@@ -100,10 +99,14 @@ class BlockLoads:
         host: HostMatrix = self.job.a if blk.key[0] == "A" else self.job.b
         dst, region = blk.piece_view(p), blk.piece_region(p)
         r0, r1, c0, c1 = region
-        blk.etas.append(self.clock.load((r1 - r0) * (c1 - c0) * host.dtype.itemsize,
-                                        (c1 - c0) * host.dtype.itemsize,
-                                        c1 - c0 == host.shape[1]))
+        blk.etas.append(self._eta(host, r1 - r0, c1 - c0))
         blk.events.append(self._copy_in(blk, dst, host, region, p == 0))
+
+    def _eta(self, host: HostMatrix, rows: int, cols: int) -> float:
+        """The device clock's landing time of a rows x cols copy from `host` (a contiguous
+        one when the rows are whole rows of it)."""
+        item = host.dtype.itemsize
+        return self.clock.load(rows * cols * item, cols * item, cols == host.shape[1])
 
     def _copy_in(self, blk: Block, dst: torch.Tensor, host: HostMatrix, region,
                  first: bool):

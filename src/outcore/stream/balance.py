@@ -196,11 +196,10 @@ def choose(numels, order: list[int], current: set[int], copy_mode, n_slots,
             return predict(numels, d, copy_mode, n_slots, rates, cap, kept=kept,
                            grad_bytes=grad_bytes, lazy=lazy)
     preds = [step(set(order[:j])) for j in range(len(order) + 1)]
-    lo = min(floor, len(order))
+    lo, best_any = min(floor, len(order)), _shortest(preds, 0)
     j = _shortest(preds, lo)
-    if preds[j] > FLOOR_SLACK * preds[_shortest(preds, 0)]:
-        lo = 0
-        j = _shortest(preds, 0)
+    if preds[j] > FLOOR_SLACK * preds[best_any]:
+        lo, j = 0, best_any
     bound = COMPUTE_BOUND * rates.compute_s
     if preds[j] <= bound:
         j = next(i for i in range(lo, len(preds)) if preds[i] <= bound)
