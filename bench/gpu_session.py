@@ -212,27 +212,13 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
                             "0", "--timeout", "200", "--out", "stream-h200-s17-16k"])],
     # nvidia-h200 (session 17): 7b-16k outcore alone (does the head fit its budget? the
     # planner kept rest alone there in session 12, by the budget), then 1b-16k every system
-    "s17-7b-1b": [(210, PY + [B + "stream.py", "--cases", "7b-16k", "--systems", "outcore",
-                              "--compiled", "--largest", "0", "--skip-tests", "--timeout",
-                              "200", "--out", "stream-h200-s17-7b"]),
-                  (240, PY + [B + "stream.py", "--cases", "1b-16k", "--compiled",
-                              "--largest", "0", "--skip-tests", "--timeout", "120",
-                              "--out", "stream-h200-s17-1b"])],
-    # nvidia-h200 (session 17): 7b-16k PyTorch and FSDP2 beside s17-7b-1b's outcore row
-    # (2.00 s a step against the record's 2.35 at b33ddcd), for the record's 7b-16k part
-    "s17-7b-peers": [(420, PY + [B + "stream.py", "--cases", "7b-16k", "--systems",
-                                 "pytorch,fsdp2", "--compiled", "--largest", "0",
-                                 "--skip-tests", "--timeout", "220", "--out",
-                                 "stream-h200-s17-7b-peers"])],
-    # nvidia-h200 (session 17): outcore at 3b-64k without the head (the rule before:
-    # sessions 11 and 16 ran 405 and 406), then the gemm GPU tests and a complete gemm run
-    # of record at the current defaults (session 16's last dropped 12 training shapes)
-    "s17-gemm": [(175, PY + [B + "stream.py", "--cases", "3b-64k", "--systems", "outcore",
+    # nvidia-h200 (session 18): can the host cast a share of an fp32 operand to bf16 fast
+    # enough to shorten the copies in of a bf16 product? Then FSDP2 at 7b-16k under a longer
+    # limit (session 17's ran past 220 s; session 12's took 189 s), for the record's 7b part
+    "s18-cast": [(150, PY + [B + "diag/host_cast.py"]),
+                 (330, PY + [B + "stream.py", "--cases", "7b-16k", "--systems", "fsdp2",
                              "--compiled", "--largest", "0", "--skip-tests", "--timeout",
-                             "170", "--balance-head", "0", "--out",
-                             "stream-h200-s17-64k-head0"]),
-                 (70, PY + ["-m", "pytest", "-q", "tests/gemm/test_gemm_gpu.py"]),
-                 (330, PY + [B + "gemm.py", "--budget-s", "300"])],
+                             "300", "--out", "stream-h200-s18-7b-fsdp2"])],
     # nvidia-h200 (session 16): the gemm GPU tests (B by rows among them), then the bf16 NT
     # training shapes with a transposed B's panels by rows (the default then, b070255) and
     # without (B by rows became opt-in after it: slower at K = N = 8192)
