@@ -46,8 +46,10 @@ def header(benchmark: str) -> dict:
             "host_cpus": os.cpu_count(), "runs": []}
 
 
-# cases_kept: set where bench/merge_parts.py took only some cases' rows of that part
-PART_KEYS = ("command", "commit", "date", "gpus", "torch", "gpu_tests", "cases_kept")
+# cases_kept, systems_kept: set where bench/merge_parts.py took only some cases' or
+# systems' rows of that part
+PART_KEYS = ("command", "commit", "date", "gpus", "torch", "gpu_tests", "cases_kept",
+             "systems_kept")
 
 
 def join_parts(old: dict, new: dict) -> dict:

@@ -219,6 +219,12 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
                  (330, PY + [B + "stream.py", "--cases", "7b-16k", "--systems", "fsdp2",
                              "--compiled", "--largest", "0", "--skip-tests", "--timeout",
                              "300", "--out", "stream-h200-s18-7b-fsdp2"])],
+    # nvidia-h200 (session 18): bf16 / tf32 GEMMs of whole-width strips in column chunks
+    # (mmacc.COL_CHUNK), kernels and products; then the largest row at HEAD (the record's
+    # is session 12's engine, b33ddcd)
+    "s18-split": [(150, PY + [B + "diag/gemm_split.py"]),
+                  (300, PY + [B + "stream.py", "--cases", "", "--skip-tests", "--out",
+                              "stream-h200-s18-largest"])],
     # nvidia-h200 (session 16): the gemm GPU tests (B by rows among them), then the bf16 NT
     # training shapes with a transposed B's panels by rows (the default then, b070255) and
     # without (B by rows became opt-in after it: slower at K = N = 8192)

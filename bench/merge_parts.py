@@ -9,7 +9,9 @@ one benchmark's files from one machine kind; nothing is recomputed or edited.
 `FILE@last` takes only the newest part of a file already in parts (what one --append
 command added; its header is that file's top level), `FILE@N` its part N (its header from
 that part's entry). A `#CASE[,CASE]` suffix keeps only those cases' rows of that input
-(the part records `cases_kept`). A stream file gets its plot too.
+(the part records `cases_kept`), and a `%SYSTEM[,SYSTEM]` suffix after it only those
+systems' rows (`systems_kept`: a run whose other systems failed and ran again in a later
+command). A stream file gets its plot too.
 """
 
 from __future__ import annotations
@@ -70,14 +72,16 @@ def one_part(doc: dict, which: str = "last") -> dict:
 
 
 def load(arg: str) -> dict:
+    arg, _, systems = arg.partition("%")
     arg, _, cases = arg.partition("#")
     path, _, which = arg.partition("@")
     if which not in ("", "last") and not which.isdigit():
         raise SystemExit(f"{arg}: only FILE, FILE@last or FILE@N (a part's index), then "
-                         "#CASE[,CASE] if you like")
+                         "#CASE[,CASE] and %SYSTEM[,SYSTEM] if you like")
     doc = json.loads(Path(path).read_text())
     doc = one_part(doc, which) if which else doc
-    return only_cases(doc, cases.split(",")) if cases else doc
+    doc = only_cases(doc, cases.split(",")) if cases else doc
+    return only_systems(doc, systems.split(",")) if systems else doc
 
 
 def only_cases(doc: dict, cases: list[str]) -> dict:
@@ -93,13 +97,25 @@ def only_cases(doc: dict, cases: list[str]) -> dict:
     return doc
 
 
+def only_systems(doc: dict, systems: list[str]) -> dict:
+    """`doc` with the rows of `systems` alone; the part says which it kept (its summary,
+    figures of every system, is dropped)."""
+    missing = [s for s in systems if not any(r.get("system") == s for r in doc["runs"])]
+    if missing:
+        raise SystemExit(f"%{','.join(systems)}: no rows of {missing} in that file")
+    doc["runs"] = [r for r in doc["runs"] if r.get("system") in systems]
+    doc["systems_kept"] = systems
+    doc.pop("summary", None)
+    return doc
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("name", help="output: bench/results/NAME.json")
     ap.add_argument("inputs", nargs="+", help="results files, oldest first (FILE@last: the "
                     "newest part of a file in parts; FILE@N: its part N; then #CASE,... "
-                    "keeps only those cases' rows)")
+                    "keeps only those cases' rows, %SYSTEM,... those systems')")
     args = ap.parse_args()
     doc = merge([load(a) for a in args.inputs])
     print(common.write(doc, args.name))

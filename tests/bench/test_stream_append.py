@@ -130,3 +130,26 @@ def test_merge_parts_keeps_only_the_cases_named(tmp_path):
     assert [p["cases_kept"] for p in doc["parts"]] == [["3b-16k"], ["1b-16k"]]
     with pytest.raises(SystemExit, match="no rows"):
         mp.load(f"{tmp_path}/new.json#7b-16k")
+
+
+def test_merge_parts_keeps_only_the_systems_named(tmp_path):
+    """FILE#CASE%SYSTEM: a part with one system's rows (its other system failed there and
+    was measured again by a later command); the part records it; a system the file lacks
+    is an error."""
+    mp = load_stream_bench("merge_parts")
+    head = {"benchmark": "stream", "machine": "nvidia-h200", "torch": "2.11", "gpus": ["H200"]}
+    peers = dict(head, command="peers", commit="c1", date="d1",
+                 runs=[{"system": "pytorch", "case": "7b-16k"},
+                       {"system": "fsdp2", "case": "7b-16k", "error": "timed out"}])
+    again = dict(head, command="again", commit="c2", date="d2",
+                 runs=[{"system": "fsdp2", "case": "7b-16k", "step_s": 3.9}])
+    for name, d in (("peers", peers), ("again", again)):
+        (tmp_path / f"{name}.json").write_text(json.dumps(d))
+    doc = mp.merge([mp.load(f"{tmp_path}/peers.json#7b-16k%pytorch"),
+                    mp.load(f"{tmp_path}/again.json")])
+    assert [(r["part"], r["system"], r.get("error")) for r in doc["runs"]] == \
+        [(0, "pytorch", None), (1, "fsdp2", None)]
+    assert doc["parts"][0]["systems_kept"] == ["pytorch"]
+    assert doc["parts"][0]["cases_kept"] == ["7b-16k"]
+    with pytest.raises(SystemExit, match="no rows"):
+        mp.load(f"{tmp_path}/again.json%outcore")

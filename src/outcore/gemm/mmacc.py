@@ -5,11 +5,29 @@ from __future__ import annotations
 import torch
 
 _OUT_DTYPE_OK: dict[str, bool] = {}
+# Columns one GEMM call covers at most (0: the whole width of its C tile), for operands of
+# these dtypes. Opt-in, for session 18's A/B (bench/diag/gemm_split.py): on the H200 a bf16
+# 2048 x 32768 x 32768 GEMM ran at 689-757 TFLOP/s and a 4096 x 16384 x 32768 one at 773,
+# and bf16-32768's whole-width strips compute for 88 ms after all of B has landed.
+COL_CHUNK = 0
+COL_CHUNK_DTYPES = (torch.bfloat16,)
 
 
 def mm_acc(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor, alpha: float,
            beta: float) -> None:
-    """acc = alpha * a @ b + beta * acc (acc not read when beta == 0).
+    """acc = alpha * a @ b + beta * acc (acc not read when beta == 0); in column chunks
+    of COL_CHUNK (strided views of acc and b: no copies) where that is set."""
+    n = acc.shape[1]
+    if COL_CHUNK and n > COL_CHUNK and a.dtype in COL_CHUNK_DTYPES:
+        for c0 in range(0, n, COL_CHUNK):
+            _mm_acc(acc[:, c0:c0 + COL_CHUNK], a, b[:, c0:c0 + COL_CHUNK], alpha, beta)
+        return
+    _mm_acc(acc, a, b, alpha, beta)
+
+
+def _mm_acc(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor, alpha: float,
+            beta: float) -> None:
+    """mm_acc on one GEMM call.
 
     bf16 operands into an fp32 accumulator: on GPUs torch's out_dtype GEMM (fp32
     accumulation across calls) where it exists, else a bf16 GEMM and an fp32 add; on the
