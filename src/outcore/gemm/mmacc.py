@@ -6,9 +6,10 @@ import torch
 
 _OUT_DTYPE_OK: dict[str, bool] = {}
 # Columns one GEMM call covers at most (0: the whole width of its C tile), for operands of
-# these dtypes. Opt-in, for session 18's A/B (bench/diag/gemm_split.py): on the H200 a bf16
-# 2048 x 32768 x 32768 GEMM ran at 689-757 TFLOP/s and a 4096 x 16384 x 32768 one at 773,
-# and bf16-32768's whole-width strips compute for 88 ms after all of B has landed.
+# these dtypes. Opt-in, and measured no faster (session 18, bench/diag/gemm_split.py,
+# gemm-split-h200.json): bf16 2048 x 32768 x 32768 in one call 744 TFLOP/s, in 16384-wide
+# chunks 762, in 8192-wide 688; the bf16-32768 product 186 ms whole against 187 in 16384-wide
+# chunks (median of 4 alternating rounds), tf32-32768 226 against 225.
 COL_CHUNK = 0
 COL_CHUNK_DTYPES = (torch.bfloat16,)
 
