@@ -225,6 +225,11 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
     "s18-split": [(150, PY + [B + "diag/gemm_split.py"]),
                   (300, PY + [B + "stream.py", "--cases", "", "--skip-tests", "--out",
                               "stream-h200-s18-largest"])],
+    # nvidia-h200 (session 18): the gemm GPU tests at HEAD (mmacc changed), the fp32 A/B of
+    # few wide tiles (lone.FEW_WIDE), then the stream GPU tests at HEAD
+    "s18-final": [(120, PY + ["-m", "pytest", "-q", "tests/gemm/test_gemm_gpu.py"]),
+                  (260, PY + [B + "diag/fp32_wide.py"]),
+                  (200, PY + ["-m", "pytest", "-q", "tests/stream/test_gpu.py"])],
     # nvidia-h200 (session 16): the gemm GPU tests (B by rows among them), then the bf16 NT
     # training shapes with a transposed B's panels by rows (the default then, b070255) and
     # without (B by rows became opt-in after it: slower at K = N = 8192)

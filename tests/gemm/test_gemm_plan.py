@@ -231,3 +231,22 @@ def test_lone_accumulators_where_the_budget_holds_them(monkeypatch):
     execute(job, [torch.device("cpu")], GemmStats(64, 40, 48, "fp32", "",
                                                   devices=[DeviceStats("cpu")]))
     check_close(out, A.double().numpy(), B.double().numpy(), None, 1.0, 0.0, "fp32")
+
+
+def test_few_wide_tiles_for_compute_bound_products_when_asked(monkeypatch):
+    """lone.FEW_WIDE (opt-in): fp32 at 16384 keeps 4096-wide tiles by default (8192-wide
+    would make only 4 C tiles, under MIN_WIDE_TILES); with fp32 in FEW_WIDE the planner
+    weighs them too and its model takes them; the two settings are planned apart, and
+    bf16 is not affected."""
+    import outcore.gemm.lone as lone
+    kw = dict(host_dtype=torch.float32, budget=100 << 30, n_devices=1, device_type="cuda")
+    base = make_plan(16384, 16384, 16384, compute="fp32", **kw)
+    bf16 = make_plan(32768, 32768, 32768, compute="bf16", **kw)
+    assert (base.tile_m, base.tile_n) == (4096, 4096)
+    monkeypatch.setattr(lone, "FEW_WIDE", ("fp32",))
+    few = make_plan(16384, 16384, 16384, compute="fp32", **kw)
+    assert (few.tile_m, few.tile_n) == (8192, 8192) and few.n_tiles >= 4
+    assert few.est_seconds < base.est_seconds and few.device_bytes() <= 100 << 30
+    assert make_plan(32768, 32768, 32768, compute="bf16", **kw) == bf16
+    monkeypatch.setattr(lone, "FEW_WIDE", ())
+    assert make_plan(16384, 16384, 16384, compute="fp32", **kw) is base

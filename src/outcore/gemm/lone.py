@@ -32,6 +32,13 @@ A_ROWS = ("bf16",)
 # where it pays. ("bf16",) turns it on for bf16.
 B_ROWS: tuple[str, ...] = ()
 WIDE_PIECE_FACTORS = PIECE_FACTORS + (16, 32)   # for whole-width row strips
+# Computes whose wider candidates need only FEW_WIDE_TILES C tiles, not MIN_WIDE_TILES:
+# where compute, not the link, bounds the product, few large tiles still overlap their
+# copies (fp32-16384 in 8192-wide tiles, 4 of them, ran 175.0-175.5 ms in two probes
+# against 175.9-176.6 for the planner's 4096-wide pick: gemm-probe-h200-s14a.json,
+# gemm-probe-h200.json). Opt-in until an A/B over the fp32 training shapes (session 18).
+FEW_WIDE: tuple[str, ...] = ()
+FEW_WIDE_TILES = 4
 
 
 def whole_k(plan: GemmPlan, tm: int, tn: int, rates: Rates,
@@ -40,7 +47,8 @@ def whole_k(plan: GemmPlan, tm: int, tn: int, rates: Rates,
     piece and prologue chosen by the model; None when that does not fit the budget or
     makes too few tiles (copies and compute then barely overlap: measured slower)."""
     m, n, k = plan.m, plan.n, plan.k
-    if cdiv(m, tm) * cdiv(n, tn) < MIN_WIDE_TILES:
+    fewest = FEW_WIDE_TILES if plan.compute in FEW_WIDE else MIN_WIDE_TILES
+    if cdiv(m, tm) * cdiv(n, tn) < fewest:
         return None
     f = _fit(tm, tn, k, None, None, plan.host_dtype, plan.compute, plan.budget)
     if f is None or f[0] < k:

@@ -1,0 +1,108 @@
+"""Are fp32 products faster in few wide tiles (lone.FEW_WIDE)? An A/B on one GPU.
+
+    PYTHONPATH=src python3 bench/diag/fp32_wide.py        # about 3 minutes on one H200
+
+The planner widens a lone GPU's tiles only where that leaves MIN_WIDE_TILES (16) C tiles;
+fp32 at 16384 in 8192-wide tiles (4 of them) ran 175.0-175.5 ms in two probes against
+175.9-176.6 for the 4096-wide pick, and with FEW_WIDE = ("fp32",) the planner's model
+prefers wider tiles in 14 of bench/gemm.py's 19 one-GPU fp32 cases. For fp32-16384 and
+each fp32 training shape this times the product (outcore.matmul, pinned host matrices,
+median of 3 after a warm-up) under three settings: the default; FEW_WIDE; FEW_WIDE with
+a 1024-deep first piece (plan.FIRST_PIECE; every plan's, as in the probes). Each case
+runs its variants in two rounds, the order rotated between them, and checks two rows of
+each product against float64. Writes bench/results/fp32-wide-<machine>.json, a table last.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # bench/
+import common  # noqa: E402
+from gemm import fill_, square_cases, train_cases  # noqa: E402
+
+import outcore.gemm.lone as lone  # noqa: E402
+import outcore.gemm.plan as plan_mod  # noqa: E402
+from outcore.gemm import matmul  # noqa: E402
+from outcore.memory import pin_  # noqa: E402
+
+VARIANTS = {"default": ((), 0), "few-wide": (("fp32",), 0),
+            "few-wide-first1024": (("fp32",), 1024)}
+ROUNDS, RUNS = 2, 3
+
+
+def settings(name: str) -> None:
+    lone.FEW_WIDE, plan_mod.FIRST_PIECE = VARIANTS[name]
+    plan_mod._cached_search.cache_clear()
+
+
+def rel_error(c, A, B, C) -> float:
+    """Largest |C - ref| / max|ref| over two rows, ref = op(A) @ op(B) in float64."""
+    rows = [0, c.m - 1]
+    a = (A[:, rows].t() if c.transa else A[rows]).cuda().double()
+    b = (B.t() if c.transb else B).cuda().double()
+    ref = a @ b
+    return ((C[rows].cuda().double() - ref).abs().max() / ref.abs().max()).item()
+
+
+def time_case(c, A, B, C, variant: str) -> tuple[float, str]:
+    settings(variant)
+
+    def fn():
+        return matmul(A, B, C, transa=c.transa, transb=c.transb, compute="fp32",
+                      return_stats=True)[1]
+    fn()   # warm-up: the plan, the arena
+    runs = []
+    for _ in range(RUNS):
+        t0 = time.perf_counter()
+        st = fn()   # matmul returns once C is in host memory
+        runs.append(time.perf_counter() - t0)
+    return statistics.median(runs), st.plan
+
+
+def main() -> int:
+    if not torch.cuda.is_available():
+        print("bench/diag/fp32_wide.py needs a CUDA GPU", file=sys.stderr)
+        return 2
+    doc = common.header("fp32-wide")
+    cases = [c for c in square_cases(False) if c.name == "fp32-16384"] + \
+        [c for c in train_cases(False) if c.compute == "fp32"]
+    biggest = max(max(c.m * c.k, c.k * c.n, c.m * c.n) for c in cases)
+    bufs = [pin_(torch.empty(biggest)) for _ in range(3)]
+    for b in bufs[:2]:
+        fill_(b)
+    rows, names = [], list(VARIANTS)
+    for c in cases:
+        sa = (c.k, c.m) if c.transa else (c.m, c.k)
+        sb = (c.n, c.k) if c.transb else (c.k, c.n)
+        A, B, C = (b[:s[0] * s[1]].view(s) for b, s in zip(bufs, (sa, sb, (c.m, c.n))))
+        times: dict = {v: [] for v in names}
+        for rnd in range(ROUNDS):
+            order = names[rnd % len(names):] + names[:rnd % len(names)]
+            for v in order:
+                t, desc = time_case(c, A, B, C, v)
+                times[v].append(t)
+                rows.append({"case": c.name, "variant": v, "round": rnd, "seconds": t,
+                             "tflops": c.flops / t / 1e12, "plan": desc,
+                             "rel_err": rel_error(c, A, B, C) if rnd == 0 else None})
+                print(rows[-1], flush=True)
+        base = statistics.median(times["default"])
+        for v in names:
+            t = statistics.median(times[v])
+            rows.append({"case": c.name, "variant": v, "round": "median", "seconds": t,
+                         "tflops": c.flops / t / 1e12, "vs_default": base / t})
+    settings("default")
+    doc["runs"] = rows
+    common.write(doc, f"fp32-wide-{common.machine_name()}")
+    print(common.table([r for r in rows if r["round"] == "median"],
+                       ["case", "variant", "seconds", "tflops", "vs_default"]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
