@@ -80,31 +80,20 @@ def load(arg: str) -> dict:
                          "#CASE[,CASE] and %SYSTEM[,SYSTEM] if you like")
     doc = json.loads(Path(path).read_text())
     doc = one_part(doc, which) if which else doc
-    doc = only_cases(doc, cases.split(",")) if cases else doc
-    return only_systems(doc, systems.split(",")) if systems else doc
+    doc = only(doc, "case", cases.split(","), "#") if cases else doc
+    return only(doc, "system", systems.split(","), "%") if systems else doc
 
 
-def only_cases(doc: dict, cases: list[str]) -> dict:
-    """`doc` with the rows of `cases` alone (a part whose other cases a newer run of the
-    same commands measured again); the part says which it kept, and its summary (figures
-    of every case) is dropped."""
-    missing = [c for c in cases if not any(r.get("case") == c for r in doc["runs"])]
+def only(doc: dict, key: str, names: list[str], mark: str) -> dict:
+    """`doc` with the rows whose `key` ("case" or "system") is one of `names` alone (a
+    part whose other cases or systems a newer command measured again); the part says
+    which it kept (`cases_kept`, `systems_kept`), and its summary (figures of every row)
+    is dropped. `mark`: the suffix's sign, for the message."""
+    missing = [x for x in names if not any(r.get(key) == x for r in doc["runs"])]
     if missing:
-        raise SystemExit(f"#{','.join(cases)}: no rows of {missing} in that file")
-    doc["runs"] = [r for r in doc["runs"] if r.get("case") in cases]
-    doc["cases_kept"] = cases
-    doc.pop("summary", None)
-    return doc
-
-
-def only_systems(doc: dict, systems: list[str]) -> dict:
-    """`doc` with the rows of `systems` alone; the part says which it kept (its summary,
-    figures of every system, is dropped)."""
-    missing = [s for s in systems if not any(r.get("system") == s for r in doc["runs"])]
-    if missing:
-        raise SystemExit(f"%{','.join(systems)}: no rows of {missing} in that file")
-    doc["runs"] = [r for r in doc["runs"] if r.get("system") in systems]
-    doc["systems_kept"] = systems
+        raise SystemExit(f"{mark}{','.join(names)}: no rows of {missing} in that file")
+    doc["runs"] = [r for r in doc["runs"] if r.get(key) in names]
+    doc[f"{key}s_kept"] = names
     doc.pop("summary", None)
     return doc
 
