@@ -36,7 +36,9 @@ WIDE_PIECE_FACTORS = PIECE_FACTORS + (16, 32)   # for whole-width row strips
 # where compute, not the link, bounds the product, few large tiles still overlap their
 # copies (fp32-16384 in 8192-wide tiles, 4 of them, ran 175.0-175.5 ms in two probes
 # against 175.9-176.6 for the planner's 4096-wide pick: gemm-probe-h200-s14a.json,
-# gemm-probe-h200.json). Opt-in until an A/B over the fp32 training shapes (session 18).
+# gemm-probe-h200.json). Opt-in: session 18's A/B over fp32-16384 and the 18 fp32 training
+# shapes (bench/diag/fp32_wide.py, fp32-wide-h200.json) had the 16384-feature shapes within
+# 1% either way and the 8192-feature ones 1.4-3.1% slower with ("fp32",).
 FEW_WIDE: tuple[str, ...] = ()
 FEW_WIDE_TILES = 4
 
