@@ -443,8 +443,9 @@ def main() -> int:
     ap.add_argument("--a-rows", help="comma-separated computes whose plans may copy A's "
                     "panels whole by rows (outcore.gemm.lone.A_ROWS; default bf16, since "
                     "session 16), or 'none'")
-    ap.add_argument("--b-rows", help="the same for a transposed B's panels "
-                    "(outcore.gemm.lone.B_ROWS; default none: opt-in since session 16)")
+    ap.add_argument("--b-rows", help="the same for a transposed B's panels, where K is "
+                    "at least outcore.gemm.lone.B_ROWS_MIN_K (16384) (outcore.gemm.lone."
+                    "B_ROWS; default bf16, since session 18), or 'none'")
     ap.add_argument("--accs", type=int, help="accumulators of a lone GPU's plan without a "
                     "prologue (outcore.gemm.plan.LONE_ACCS, default 4 since session 16)")
     ap.add_argument("--cases", help="one GPU: comma-separated case names to run (default: "
@@ -529,6 +530,7 @@ def main() -> int:
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "bandwidth_gbps": env.bw, "budget_s": args.budget_s, "flat_tiles": not args.square_tiles,
         "a_rows": list(lone.A_ROWS), "b_rows": list(lone.B_ROWS),
+        "b_rows_min_k": lone.B_ROWS_MIN_K,
         "lone_accs": plan_mod.LONE_ACCS,
         "elapsed_s": time.perf_counter() - t_start, "dropped": dropped,
         "notes": ["host matrices are float32 and pinned (cudaHostRegister) in every case; "

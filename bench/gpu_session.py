@@ -230,6 +230,14 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
     "s18-final": [(120, PY + ["-m", "pytest", "-q", "tests/gemm/test_gemm_gpu.py"]),
                   (260, PY + [B + "diag/fp32_wide.py"]),
                   (200, PY + ["-m", "pytest", "-q", "tests/stream/test_gpu.py"])],
+    # nvidia-h200 (session 18): B by rows for K >= 16384 (lone.B_ROWS_MIN_K, the default
+    # since 18): the gemm GPU tests, the bf16 NT shapes with it and without (--b-rows
+    # none), twice, alternating; then the gemm run of record at the new default
+    "s18-brows": [(90, PY + ["-m", "pytest", "-q", "tests/gemm/test_gemm_gpu.py"])]
+    + [(75, PY + [B + "gemm.py", "--cases", NT_CASES, "--runs", "5", "--out",
+                  f"gemm-h200-s18-{tag}{i}"] + flag)
+       for i in (1, 2) for tag, flag in (("brows", []), ("nobrows", ["--b-rows", "none"]))]
+    + [(330, PY + [B + "gemm.py", "--budget-s", "300"])],
     # nvidia-h200 (session 16): the gemm GPU tests (B by rows among them), then the bf16 NT
     # training shapes with a transposed B's panels by rows (the default then, b070255) and
     # without (B by rows became opt-in after it: slower at K = N = 8192)

@@ -105,7 +105,8 @@ def test_planner_takes_a_by_rows_for_bf16_whole_width_tiles(monkeypatch):
     """bf16 at 32768 (whole-width row tiles, no prologue): A by rows, on B's 8192-deep
     pieces, because the model prices K pieces of A as 2-D copies of 32 KiB rows; tf32
     (a prologue), fp32, a transposed A, and A_ROWS emptied: not. A transposed B by rows
-    where lone.B_ROWS asks for it (opt-in)."""
+    where lone.B_ROWS asks for it (bf16 by default since session 18) and K is at least
+    lone.B_ROWS_MIN_K (16384; at 8192 it measured slower)."""
     kw = dict(host_dtype=torch.float32, budget=120 << 30, device_type="cuda")
     bf16 = make_plan(32768, 32768, 32768, compute="bf16", **kw)
     assert bf16.a_rows and bf16.prologue == 0 and bf16.tile_n == 32768
@@ -116,10 +117,15 @@ def test_planner_takes_a_by_rows_for_bf16_whole_width_tiles(monkeypatch):
     assert not make_plan(16384, 16384, 16384, compute="fp32", **kw).a_rows
     assert not make_plan(32768, 16384, 16384, compute="bf16", layout=(True, False), **kw).a_rows
     nt = make_plan(32768, 16384, 16384, compute="bf16", layout=(False, True), **kw)
-    assert nt.a_rows and not nt.b_rows  # B by rows is opt-in (lone.B_ROWS)
-    monkeypatch.setattr(lone, "B_ROWS", ("bf16",))
-    nt = make_plan(32768, 16384, 16384, compute="bf16", layout=(False, True), **kw)
     assert nt.a_rows and nt.b_rows      # the NT training shape: both panels by rows
+    shallow = make_plan(32768, 8192, 8192, compute="bf16", layout=(False, True), **kw)
+    assert shallow.a_rows and not shallow.b_rows   # K = 8192: B in K pieces
+    monkeypatch.setattr(lone, "B_ROWS_MIN_K", 8192)
+    assert make_plan(32768, 8192, 8192, compute="bf16", layout=(False, True), **kw).b_rows
+    monkeypatch.setattr(lone, "B_ROWS", ())
+    assert not make_plan(32768, 16384, 16384, compute="bf16", layout=(False, True),
+                         **kw).b_rows   # emptied: opt-out, planned apart
+    monkeypatch.setattr(lone, "B_ROWS", ("bf16",))
     assert not make_plan(32768, 32768, 32768, compute="bf16", **kw).b_rows   # B is K x N
     monkeypatch.setattr(lone, "A_ROWS", ())
     monkeypatch.setattr(lone, "B_ROWS", ())

@@ -26,11 +26,13 @@ PIECE_FACTORS = (1, 2, 4, 8)          # copy pieces the model weighs, x the defa
 # with it, NT 1.03-1.07x, bf16-32768 the same (gemm-h200-s16-rows.json against -norows);
 # fp32 no faster (-fp32rows against -fp32pieces: fp32-16384 179.6 ms against 177.5).
 A_ROWS = ("bf16",)
-# The same for a transposed B's panels (stored N x K: the NT training shapes). Opt-in:
-# session 16 measured the bf16 NT shapes at K = N = 16384 5-8% faster with it, and at
-# 8192 2-9% slower (gemm-h200-s16-brows.json against -nobrows.json): no rule yet says
-# where it pays. ("bf16",) turns it on for bf16.
-B_ROWS: tuple[str, ...] = ()
+# The same for a transposed B's panels (stored N x K: the NT training shapes), where K is
+# at least B_ROWS_MIN_K: session 16 measured the bf16 NT shapes at K = N = 16384 5-8%
+# faster with it, and at 8192 2-9% slower (gemm-h200-s16-brows.json against
+# -nobrows.json). Default since session 18, for K >= 16384 only (its A/B:
+# gemm-h200-s18-brows*.json).
+B_ROWS: tuple[str, ...] = ("bf16",)
+B_ROWS_MIN_K = 16384
 WIDE_PIECE_FACTORS = PIECE_FACTORS + (16, 32)   # for whole-width row strips
 # Computes whose wider candidates need only FEW_WIDE_TILES C tiles, not MIN_WIDE_TILES:
 # where compute, not the link, bounds the product, few large tiles still overlap their
@@ -125,8 +127,8 @@ def maybe_prologue(plan: GemmPlan, n_devices: int, device_type: str, rates: Rate
         return plan
     best, best_t = plan, estimate_seconds(plan, rates, layout=layout)
     factors = (1,) if piece_fixed else factors
-    by_rows = not piece_fixed and (plan.compute in A_ROWS and not layout[0]
-                                   or plan.compute in B_ROWS and layout[1])
+    b_rows = plan.compute in B_ROWS and layout[1] and plan.k >= B_ROWS_MIN_K
+    by_rows = not piece_fixed and (plan.compute in A_ROWS and not layout[0] or b_rows)
     # at least MIN_PIECES pieces a tile (unless forced): a whole-K piece leaves nothing to
     # overlap a tile's first GEMM with (the training shapes ran slower that way)
     deepest = plan.tile_k if piece_fixed else max(plan.piece_k, plan.tile_k // MIN_PIECES)
@@ -150,7 +152,7 @@ def maybe_prologue(plan: GemmPlan, n_devices: int, device_type: str, rates: Rate
         # model ties every B piece (the first tile's start hides in B's copies), and the
         # chosen piece keeps B's copies and GEMMs few.
         for flag, ok in (("a_rows", plan.compute in A_ROWS and not layout[0]),
-                         ("b_rows", plan.compute in B_ROWS and layout[1])):
+                         ("b_rows", b_rows)):
             if not ok:
                 continue
             cand = _replace(best, **{flag: True})
