@@ -446,6 +446,9 @@ def main() -> int:
     ap.add_argument("--b-rows", help="the same for a transposed B's panels, where K is "
                     "at least outcore.gemm.lone.B_ROWS_MIN_K (16384) (outcore.gemm.lone."
                     "B_ROWS; default bf16, since session 18), or 'none'")
+    ap.add_argument("--tall-ta", help="comma-separated computes whose plans with a "
+                    "transposed A may take whole-height column strips of C "
+                    "(outcore.gemm.lone.TALL_TA; default bf16, since session 18), or 'none'")
     ap.add_argument("--accs", type=int, help="accumulators of a lone GPU's plan without a "
                     "prologue (outcore.gemm.plan.LONE_ACCS, default 4 since session 16)")
     ap.add_argument("--cases", help="one GPU: comma-separated case names to run (default: "
@@ -461,6 +464,8 @@ def main() -> int:
         lone.A_ROWS = () if args.a_rows == "none" else tuple(args.a_rows.split(","))
     if args.b_rows is not None:
         lone.B_ROWS = () if args.b_rows == "none" else tuple(args.b_rows.split(","))
+    if args.tall_ta is not None:
+        lone.TALL_TA = () if args.tall_ta == "none" else tuple(args.tall_ta.split(","))
     import outcore.gemm.plan as plan_mod
     if args.max_strips:
         plan_mod.MAX_STRIPS = args.max_strips
@@ -530,7 +535,7 @@ def main() -> int:
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "bandwidth_gbps": env.bw, "budget_s": args.budget_s, "flat_tiles": not args.square_tiles,
         "a_rows": list(lone.A_ROWS), "b_rows": list(lone.B_ROWS),
-        "b_rows_min_k": lone.B_ROWS_MIN_K,
+        "b_rows_min_k": lone.B_ROWS_MIN_K, "tall_ta": list(lone.TALL_TA),
         "lone_accs": plan_mod.LONE_ACCS,
         "elapsed_s": time.perf_counter() - t_start, "dropped": dropped,
         "notes": ["host matrices are float32 and pinned (cudaHostRegister) in every case; "

@@ -40,6 +40,7 @@ FP32_ROWS_CASES = ",".join(["fp32-16384"] + [f"train-{lay}-t{t}-f{f}-fp32"
 
 NT_CASES = ",".join(f"train-NT-t{t}-f{f}-bf16" for t in (16384, 32768, 65536)
                     for f in (8192, 16384))
+TN_CASES = NT_CASES.replace("-NT-", "-TN-")
 
 def accs_pairs(pairs, alternate: bool) -> list:
     """bench/gemm.py at bf16-32768 and fp32-16384 with 4 accumulators and with 2, a pair
@@ -238,6 +239,14 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
                   f"gemm-h200-s18-{tag}{i}"] + flag)
        for i in (1, 2) for tag, flag in (("brows", []), ("nobrows", ["--b-rows", "none"]))]
     + [(330, PY + [B + "gemm.py", "--budget-s", "300"])],
+    # nvidia-h200 (session 18): whole-height strips for a transposed A (lone.TALL_TA, the
+    # default since 18): the gemm GPU tests, the bf16 TN shapes with them and without
+    # (--tall-ta none), twice, alternating; then the gemm run of record at the new default
+    "s18-tall": [(90, PY + ["-m", "pytest", "-q", "tests/gemm/test_gemm_gpu.py"])]
+    + [(75, PY + [B + "gemm.py", "--cases", TN_CASES, "--runs", "5", "--out",
+                  f"gemm-h200-s18-{tag}{i}"] + flag)
+       for i in (1, 2) for tag, flag in (("tall", []), ("notall", ["--tall-ta", "none"]))]
+    + [(330, PY + [B + "gemm.py", "--budget-s", "300", "--out", "gemm-h200-s18-tallrec"])],
     # nvidia-h200 (session 16): the gemm GPU tests (B by rows among them), then the bf16 NT
     # training shapes with a transposed B's panels by rows (the default then, b070255) and
     # without (B by rows became opt-in after it: slower at K = N = 8192)

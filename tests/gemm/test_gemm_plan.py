@@ -71,9 +71,10 @@ def test_narrow_copy_rows_are_slow_in_the_model_and_widen_the_tiles():
     for compute in ("tf32", "bf16"):
         p = make_plan(32768, 32768, 32768, compute=compute, **kw)
         assert p.tile_n >= 8192 and p.piece_k >= 8192, p.describe()
-    # op(A) stored transposed: A's rows are a tile wide whatever the piece depth
+    # op(A) stored transposed: A's rows are a tile wide whatever the piece depth, so the
+    # tiles are tall (whole-height strips with lone.TALL_TA, 8192 without)
     narrow = make_plan(32768, 32768, 32768, compute="bf16", layout=(True, False), **kw)
-    assert narrow.tile_m == 8192
+    assert narrow.tile_m >= 8192
     # fp32 is compute-bound: the first pieces should come quickly, tiles stay 4096
     assert make_plan(16384, 16384, 16384, compute="fp32", **kw).tile_m == 4096
     # several devices keep their smaller tiles
@@ -250,3 +251,24 @@ def test_few_wide_tiles_for_compute_bound_products_when_asked(monkeypatch):
     assert make_plan(32768, 32768, 32768, compute="bf16", **kw) == bf16
     monkeypatch.setattr(lone, "FEW_WIDE", ())
     assert make_plan(16384, 16384, 16384, compute="fp32", **kw) is base
+
+
+def test_whole_height_strips_for_a_transposed_a(monkeypatch):
+    """lone.TALL_TA (bf16 since session 18): with A stored K x M (the weight gradient's
+    TN shape) the planner may take C tiles as whole-height column strips, so that A's K
+    pieces are whole rows of A (contiguous copies), however few tiles that makes; not for
+    an A that is not transposed, and not with TALL_TA emptied (planned apart). A product
+    in such tiles is exact on the CPU worker."""
+    import outcore.gemm.lone as lone
+    kw = dict(host_dtype=torch.float32, compute="bf16", budget=100 << 30, device_type="cuda")
+    tn = make_plan(16384, 16384, 65536, layout=(True, False), **kw)
+    assert tn.tile_m == 16384 and tn.mt == 1
+    assert make_plan(16384, 16384, 65536, layout=(False, False), **kw).tile_m < 16384
+    monkeypatch.setattr(lone, "TALL_TA", ())
+    old = make_plan(16384, 16384, 65536, layout=(True, False), **kw)
+    assert old.tile_m < 16384 and old.est_seconds > tn.est_seconds
+    g = torch.Generator().manual_seed(6)
+    At, B = torch.randn(300, 40, generator=g), torch.randn(300, 50, generator=g)   # A.T: 300 x 40
+    out = matmul(At, B, transa=True, compute="bf16", devices="cpu", tile=(40, 16, 300, 64))
+    ref = At.to(torch.bfloat16).double().t() @ B.to(torch.bfloat16).double()
+    assert (out.double() - ref).abs().max() < 1e-3 * ref.abs().max()

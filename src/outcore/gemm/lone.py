@@ -43,15 +43,20 @@ WIDE_PIECE_FACTORS = PIECE_FACTORS + (16, 32)   # for whole-width row strips
 # 1% either way and the 8192-feature ones 1.4-3.1% slower with ("fp32",).
 FEW_WIDE: tuple[str, ...] = ()
 FEW_WIDE_TILES = 4
+# Computes whose plans with a transposed A (stored K x M) may take whole-height column
+# strips of C, however few (flatter). Session 18, see gemm-h200-s18-tall*.json.
+TALL_TA: tuple[str, ...] = ("bf16",)
 
 
 def whole_k(plan: GemmPlan, tm: int, tn: int, rates: Rates,
-            layout: tuple[bool, bool]) -> GemmPlan | None:
+            layout: tuple[bool, bool], fewest: int | None = None) -> GemmPlan | None:
     """`plan`'s product in tm x tn tiles with whole-K panels and every block cached, its
     piece and prologue chosen by the model; None when that does not fit the budget or
-    makes too few tiles (copies and compute then barely overlap: measured slower)."""
+    makes fewer tiles than `fewest` (default MIN_WIDE_TILES, FEW_WIDE_TILES for FEW_WIDE:
+    copies and compute then barely overlap, measured slower)."""
     m, n, k = plan.m, plan.n, plan.k
-    fewest = FEW_WIDE_TILES if plan.compute in FEW_WIDE else MIN_WIDE_TILES
+    if fewest is None:
+        fewest = FEW_WIDE_TILES if plan.compute in FEW_WIDE else MIN_WIDE_TILES
     if cdiv(m, tm) * cdiv(n, tn) < fewest:
         return None
     f = _fit(tm, tn, k, None, None, plan.host_dtype, plan.compute, plan.budget)
@@ -109,6 +114,17 @@ def flatter(plan: GemmPlan, rates: Rates, layout: tuple[bool, bool]) -> GemmPlan
             tm, tn = min(tm, plan.m), min(tn, plan.n)
             if (tm, tn) != (best.tile_m, best.tile_n):
                 cand = whole_k(plan, tm, tn, rates, layout)
+                if better(cand, best):
+                    best = cand
+    if layout[0] and plan.compute in TALL_TA:
+        # A stored K x M (op(A) = A.T, the weight gradient's shape): C tiles as whole-height
+        # column strips make each of A's K pieces whole rows of A, one contiguous copy,
+        # where an m-row panel's pieces are 2-D copies of m x 4-byte rows. Few tiles
+        # still overlap here: each streams its K pieces, deep in this shape.
+        for t in (2048, 4096, 8192, plan.n):
+            tn = min(t, plan.n)
+            if (plan.m, tn) != (best.tile_m, best.tile_n):
+                cand = whole_k(plan, plan.m, tn, rates, layout, fewest=1)
                 if better(cand, best):
                     best = cand
     return best
