@@ -447,8 +447,9 @@ def main() -> int:
                     "at least outcore.gemm.lone.B_ROWS_MIN_K (16384) (outcore.gemm.lone."
                     "B_ROWS; default bf16, since session 18), or 'none'")
     ap.add_argument("--tall-ta", help="comma-separated computes whose plans with a "
-                    "transposed A may take whole-height column strips of C "
-                    "(outcore.gemm.lone.TALL_TA; default bf16, since session 18), or 'none'")
+                    "transposed A may take whole-height column strips of C where M is at least "
+                    "outcore.gemm.lone.TALL_TA_MIN_M (outcore.gemm.lone.TALL_TA; default bf16, "
+                    "since session 18), or 'none'")
     ap.add_argument("--accs", type=int, help="accumulators of a lone GPU's plan without a "
                     "prologue (outcore.gemm.plan.LONE_ACCS, default 4 since session 16)")
     ap.add_argument("--cases", help="one GPU: comma-separated case names to run (default: "
@@ -536,6 +537,7 @@ def main() -> int:
         "bandwidth_gbps": env.bw, "budget_s": args.budget_s, "flat_tiles": not args.square_tiles,
         "a_rows": list(lone.A_ROWS), "b_rows": list(lone.B_ROWS),
         "b_rows_min_k": lone.B_ROWS_MIN_K, "tall_ta": list(lone.TALL_TA),
+        "tall_ta_min_m": lone.TALL_TA_MIN_M,
         "lone_accs": plan_mod.LONE_ACCS,
         "elapsed_s": time.perf_counter() - t_start, "dropped": dropped,
         "notes": ["host matrices are float32 and pinned (cudaHostRegister) in every case; "

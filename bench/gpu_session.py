@@ -247,6 +247,10 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
                   f"gemm-h200-s18-{tag}{i}"] + flag)
        for i in (1, 2) for tag, flag in (("tall", []), ("notall", ["--tall-ta", "none"]))]
     + [(330, PY + [B + "gemm.py", "--budget-s", "300", "--out", "gemm-h200-s18-tallrec"])],
+    # nvidia-h200 (session 18): the gemm GPU tests and the run of record at the final
+    # defaults (whole-height strips for a transposed A where M >= 16384)
+    "s18-record": [(90, PY + ["-m", "pytest", "-q", "tests/gemm/test_gemm_gpu.py"]),
+                   (330, PY + [B + "gemm.py", "--budget-s", "300"])],
     # nvidia-h200 (session 16): the gemm GPU tests (B by rows among them), then the bf16 NT
     # training shapes with a transposed B's panels by rows (the default then, b070255) and
     # without (B by rows became opt-in after it: slower at K = N = 8192)

@@ -255,15 +255,20 @@ def test_few_wide_tiles_for_compute_bound_products_when_asked(monkeypatch):
 
 def test_whole_height_strips_for_a_transposed_a(monkeypatch):
     """lone.TALL_TA (bf16 since session 18): with A stored K x M (the weight gradient's
-    TN shape) the planner may take C tiles as whole-height column strips, so that A's K
-    pieces are whole rows of A (contiguous copies), however few tiles that makes; not for
-    an A that is not transposed, and not with TALL_TA emptied (planned apart). A product
-    in such tiles is exact on the CPU worker."""
+    TN shape) and M >= TALL_TA_MIN_M the planner may take C tiles as whole-height column
+    strips, so that A's K pieces are whole rows of A (contiguous copies), however few
+    tiles that makes; not for an A that is not transposed, and not with TALL_TA emptied
+    (planned apart). A product in such tiles is exact on the CPU worker."""
     import outcore.gemm.lone as lone
     kw = dict(host_dtype=torch.float32, compute="bf16", budget=100 << 30, device_type="cuda")
     tn = make_plan(16384, 16384, 65536, layout=(True, False), **kw)
     assert tn.tile_m == 16384 and tn.mt == 1
     assert make_plan(16384, 16384, 65536, layout=(False, False), **kw).tile_m < 16384
+    # M under lone.TALL_TA_MIN_M (16384): measured slower in one 8192 x 8192 tile
+    assert make_plan(8192, 8192, 65536, layout=(True, False), **kw).tile_m < 8192
+    monkeypatch.setattr(lone, "TALL_TA_MIN_M", 8192)
+    assert make_plan(8192, 8192, 65536, layout=(True, False), **kw).tile_m == 8192
+    monkeypatch.setattr(lone, "TALL_TA_MIN_M", 16384)
     monkeypatch.setattr(lone, "TALL_TA", ())
     old = make_plan(16384, 16384, 65536, layout=(True, False), **kw)
     assert old.tile_m < 16384 and old.est_seconds > tn.est_seconds

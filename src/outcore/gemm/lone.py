@@ -44,8 +44,13 @@ WIDE_PIECE_FACTORS = PIECE_FACTORS + (16, 32)   # for whole-width row strips
 FEW_WIDE: tuple[str, ...] = ()
 FEW_WIDE_TILES = 4
 # Computes whose plans with a transposed A (stored K x M) may take whole-height column
-# strips of C, however few (flatter). Session 18, see gemm-h200-s18-tall*.json.
+# strips of C, however few (flatter), where M is at least TALL_TA_MIN_M. Session 18's A/B
+# of the bf16 TN training shapes (gemm-h200-s18-tall{1,2}.json against -notall{1,2}):
+# at M = 16384 1.06x, 1.17x and 1.24x (the planner's other tiles copy A in 8 KiB rows),
+# at M = 8192 0.89-0.93x (a single 8192 x 8192 tile, against 4096-wide tiles whose A rows
+# are 16 KiB).
 TALL_TA: tuple[str, ...] = ("bf16",)
+TALL_TA_MIN_M = 16384
 
 
 def whole_k(plan: GemmPlan, tm: int, tn: int, rates: Rates,
@@ -116,7 +121,7 @@ def flatter(plan: GemmPlan, rates: Rates, layout: tuple[bool, bool]) -> GemmPlan
                 cand = whole_k(plan, tm, tn, rates, layout)
                 if better(cand, best):
                     best = cand
-    if layout[0] and plan.compute in TALL_TA:
+    if layout[0] and plan.compute in TALL_TA and plan.m >= TALL_TA_MIN_M:
         # A stored K x M (op(A) = A.T, the weight gradient's shape): C tiles as whole-height
         # column strips make each of A's K pieces whole rows of A, one contiguous copy,
         # where an m-row panel's pieces are 2-D copies of m x 4-byte rows. Few tiles
