@@ -3,8 +3,8 @@ shape, chosen by the timing model (model.py).
 
 `maybe_prologue` picks the copy piece and whether to stream the first pieces of K over
 all tiles; `wider` tries tiles twice as large; `flatter` (FLAT_TILES) tiles wider
-than tall or taller than wide. Each keeps a candidate only when the model says it is
-clearly faster.
+than tall or taller than wide, and whole-width or (a transposed A) whole-height strips.
+Each keeps a candidate only when the model says it is clearly faster.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ A_ROWS = ("bf16",)
 # The same for a transposed B's panels (stored N x K: the NT training shapes), where K is
 # at least B_ROWS_MIN_K: session 16 measured the bf16 NT shapes at K = N = 16384 5-8%
 # faster with it, and at 8192 2-9% slower (gemm-h200-s16-brows.json against
-# -nobrows.json). Default since session 18, for K >= 16384 only (its A/B:
-# gemm-h200-s18-brows*.json).
+# -nobrows.json). Default since session 18, for K >= 16384 only: the NT shapes at 16384
+# features 1.04-1.14x faster in its A/B (gemm-h200-s18-brows*.json against -nobrows*).
 B_ROWS: tuple[str, ...] = ("bf16",)
 B_ROWS_MIN_K = 16384
 WIDE_PIECE_FACTORS = PIECE_FACTORS + (16, 32)   # for whole-width row strips
@@ -51,6 +51,14 @@ FEW_WIDE_TILES = 4
 # are 16 KiB).
 TALL_TA: tuple[str, ...] = ("bf16",)
 TALL_TA_MIN_M = 16384
+
+
+def settings() -> tuple:
+    """The module's settings that steer a plan (FLAT_TILES aside, which plan.py passes on
+    by itself): part of the plan cache's key, so a plan made under one setting is never
+    served under another."""
+    return (tuple(A_ROWS), tuple(B_ROWS), B_ROWS_MIN_K, tuple(FEW_WIDE), FEW_WIDE_TILES,
+            tuple(TALL_TA), TALL_TA_MIN_M)
 
 
 def whole_k(plan: GemmPlan, tm: int, tn: int, rates: Rates,
@@ -106,9 +114,10 @@ def _margin(plan: GemmPlan) -> float:
 
 
 def flatter(plan: GemmPlan, rates: Rates, layout: tuple[bool, bool]) -> GemmPlan:
-    """FLAT_TILES: tiles 2x or 4x wider than tall, or taller than wide, when the model says
-    so. A flat tile copies wide rows of B and of its C, and the growing order then ends on
-    a panel that few tiles need: a shorter tail of C going out after the last copy in."""
+    """FLAT_TILES: tiles 2x or 4x wider than tall, or taller than wide, or whole-width
+    strips, when the model says so; for a transposed A (TALL_TA) whole-height strips too.
+    A flat tile copies wide rows of B and of its C, and the growing order then ends on a
+    panel that few tiles need: a shorter tail of C going out after the last copy in."""
     if plan.est_seconds is None:
         return plan
     best = plan

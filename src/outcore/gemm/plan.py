@@ -264,9 +264,7 @@ def make_plan(m: int, n: int, k: int, *, host_dtype: torch.dtype, compute: str, 
     from . import lone
     args = (m, n, k, host_dtype, compute, budget, tile, n_devices, device_type, tuple(layout),
             lone.FLAT_TILES, FIRST_PIECE, SHARED_LONE_TILES, MAX_STRIPS,
-            MIN_STRIP.get(device_type), tuple(lone.A_ROWS), tuple(lone.B_ROWS), LONE_ACCS,
-            tuple(lone.FEW_WIDE), lone.B_ROWS_MIN_K, tuple(lone.TALL_TA),
-            lone.TALL_TA_MIN_M)
+            MIN_STRIP.get(device_type), lone.settings(), LONE_ACCS)
     if rates is not None:
         return _search(*args, rates)
     return _cached_search(*args)
@@ -281,12 +279,10 @@ def _cached_search(*args) -> GemmPlan:
 
 
 def _search(m, n, k, host_dtype, compute, budget, tile, n_devices, device_type, layout,
-            flat, first_piece, shared_lone, _max_strips, _min_strip, _a_rows, _b_rows,
-            lone_accs, _few_wide, _b_rows_min_k, _tall_ta, _tall_min_m,
-            rates) -> GemmPlan:
+            flat, first_piece, shared_lone, _max_strips, _min_strip, _lone_settings,
+            lone_accs, rates) -> GemmPlan:
     """make_plan's work, on its normalized arguments (the strip settings, read by
-    with_strips, and lone.A_ROWS, B_ROWS, B_ROWS_MIN_K, FEW_WIDE, TALL_TA and TALL_TA_MIN_M
-    are in them only to key the plan cache)."""
+    with_strips, and lone.settings() are in them only to key the plan cache)."""
     plan = None
     if n_devices > 1 and device_type == "cuda" and tile[0] is None and shared_lone:
         from .shared import shared   # shared.py imports this module
