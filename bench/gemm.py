@@ -461,12 +461,11 @@ def main() -> int:
     import outcore.gemm.lone as lone
     if args.square_tiles:
         lone.FLAT_TILES = False
-    if args.a_rows is not None:
-        lone.A_ROWS = () if args.a_rows == "none" else tuple(args.a_rows.split(","))
-    if args.b_rows is not None:
-        lone.B_ROWS = () if args.b_rows == "none" else tuple(args.b_rows.split(","))
-    if args.tall_ta is not None:
-        lone.TALL_TA = () if args.tall_ta == "none" else tuple(args.tall_ta.split(","))
+    # the planner's per-compute settings: a comma-separated list of computes, or "none"
+    for arg, name in ((args.a_rows, "A_ROWS"), (args.b_rows, "B_ROWS"),
+                      (args.tall_ta, "TALL_TA")):
+        if arg is not None:
+            setattr(lone, name, () if arg == "none" else tuple(arg.split(",")))
     import outcore.gemm.plan as plan_mod
     if args.max_strips:
         plan_mod.MAX_STRIPS = args.max_strips

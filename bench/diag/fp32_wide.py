@@ -18,13 +18,12 @@ from __future__ import annotations
 import os
 import statistics
 import sys
-import time
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # bench/
 import common  # noqa: E402
-from gemm import fill_, square_cases, train_cases  # noqa: E402
+from gemm import fill_, median_s, square_cases, train_cases  # noqa: E402
 
 import outcore.gemm.lone as lone  # noqa: E402
 import outcore.gemm.plan as plan_mod  # noqa: E402
@@ -56,13 +55,10 @@ def time_case(c, A, B, C, variant: str) -> tuple[float, str]:
     def fn():
         return matmul(A, B, C, transa=c.transa, transb=c.transb, compute="fp32",
                       return_stats=True)[1]
-    fn()   # warm-up: the plan, the arena
-    runs = []
-    for _ in range(RUNS):
-        t0 = time.perf_counter()
-        st = fn()   # matmul returns once C is in host memory
-        runs.append(time.perf_counter() - t0)
-    return statistics.median(runs), st.plan
+    stats = [fn()]   # warm-up: the plan, the arena
+    # matmul returns once C is in host memory: no sync needed around a run
+    runs = median_s(lambda: stats.append(fn()), RUNS, lambda: None)
+    return statistics.median(runs), stats[-1].plan
 
 
 def main() -> int:

@@ -19,13 +19,12 @@ from __future__ import annotations
 import os
 import statistics
 import sys
-import time
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # bench/
 import common  # noqa: E402
-from gemm import fill_  # noqa: E402
+from gemm import fill_, median_s  # noqa: E402
 
 from outcore.gemm import matmul, mmacc  # noqa: E402
 from outcore.memory import pin_  # noqa: E402
@@ -38,14 +37,8 @@ DTYPES = {"bf16": (torch.bfloat16,), "tf32": (torch.bfloat16, torch.float32)}
 
 
 def _median(fn, runs: int) -> float:
-    out = []
-    for _ in range(runs):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()   # host sync: the GEMMs are asynchronous, time them whole
-        out.append(time.perf_counter() - t0)
-    return statistics.median(out)
+    """Median seconds of fn() over `runs` runs, the device synchronized around each."""
+    return statistics.median(median_s(fn, runs, torch.cuda.synchronize))
 
 
 def kernels(compute: str) -> list[dict]:
