@@ -192,10 +192,14 @@ def measure_bandwidth(env: Env) -> dict:
         dev2 = torch.empty(region.shape, device=d0)
         stream = torch.cuda.current_stream(d0)
         if not copy2d(dev2, region, stream):
-            out[f"h2d_2d_{width * 4 // 1024}k"] = None
+            out[f"h2d_2d_{width * 4 // 1024}k"] = out[f"d2h_2d_{width * 4 // 1024}k"] = None
             continue
         t = min(median_s(lambda: copy2d(dev2, region, stream), 5, env.sync))
         out[f"h2d_2d_{width * 4 // 1024}k"] = region.numel() * 4 / t / 1e9
+        # the same rows the other way (C's tiles going out): dev2 holds the region's own
+        # values after the copies in, so the host buffer is left as it was
+        t = min(median_s(lambda: copy2d(region, dev2, stream), 5, env.sync))
+        out[f"d2h_2d_{width * 4 // 1024}k"] = region.numel() * 4 / t / 1e9
     return out
 
 
@@ -452,6 +456,9 @@ def main() -> int:
                     "since session 18), or 'none'")
     ap.add_argument("--accs", type=int, help="accumulators of a lone GPU's plan without a "
                     "prologue (outcore.gemm.plan.LONE_ACCS, default 4 since session 16)")
+    ap.add_argument("--d2h-rows", choices=("on", "off"), help="whether the planner's model "
+                    "charges C tiles narrower than C for their rows going out "
+                    "(model.D2H_ROWS; default on)")
     ap.add_argument("--cases", help="one GPU: comma-separated case names to run (default: "
                     "all)")
     ap.add_argument("--out", help="results file, or a bare name for bench/results/NAME.json "
@@ -475,6 +482,9 @@ def main() -> int:
         plan_mod.SHARED_LONE_TILES = False
     if args.accs:
         plan_mod.LONE_ACCS = args.accs
+    import outcore.gemm.model as model_mod
+    if args.d2h_rows:
+        model_mod.D2H_ROWS = args.d2h_rows == "on"
     t_start = time.perf_counter()
     n_gpu = 0 if args.smoke else min(args.gpus or torch.cuda.device_count(),
                                      torch.cuda.device_count())
@@ -537,7 +547,7 @@ def main() -> int:
         "a_rows": list(lone.A_ROWS), "b_rows": list(lone.B_ROWS),
         "b_rows_min_k": lone.B_ROWS_MIN_K, "tall_ta": list(lone.TALL_TA),
         "tall_ta_min_m": lone.TALL_TA_MIN_M,
-        "lone_accs": plan_mod.LONE_ACCS,
+        "lone_accs": plan_mod.LONE_ACCS, "d2h_rows": model_mod.D2H_ROWS,
         "elapsed_s": time.perf_counter() - t_start, "dropped": dropped,
         "notes": ["host matrices are float32 and pinned (cudaHostRegister) in every case; "
                   "the case prefix / compute field names the arithmetic",

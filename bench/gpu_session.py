@@ -41,6 +41,10 @@ FP32_ROWS_CASES = ",".join(["fp32-16384"] + [f"train-{lay}-t{t}-f{f}-fp32"
 NT_CASES = ",".join(f"train-NT-t{t}-f{f}-bf16" for t in (16384, 32768, 65536)
                     for f in (8192, 16384))
 TN_CASES = NT_CASES.replace("-NT-", "-TN-")
+# the bf16 training shapes whose plans model.D2H_ROWS changes (session 19)
+D2H_CASES = ",".join(["train-NT-t16384-f16384-bf16", "train-NT-t32768-f8192-bf16",
+                      "train-NT-t32768-f16384-bf16", "train-NT-t65536-f8192-bf16",
+                      "train-NT-t65536-f16384-bf16", "train-TN-t32768-f16384-bf16"])
 
 def accs_pairs(pairs, alternate: bool) -> list:
     """bench/gemm.py at bf16-32768 and fp32-16384 with 4 accumulators and with 2, a pair
@@ -220,6 +224,15 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
                  (330, PY + [B + "stream.py", "--cases", "7b-16k", "--systems", "fsdp2",
                              "--compiled", "--largest", "0", "--skip-tests", "--timeout",
                              "300", "--out", "stream-h200-s18-7b-fsdp2"])],
+    # nvidia-h200 (session 19): 2-D copy rates by row width, each way, alone and beside a
+    # contiguous copy the other way; then the planner's model charging C tiles narrower
+    # than C for their copies out (model.D2H_ROWS, the default in this tree) against the
+    # model of sessions 11-18 (--d2h-rows off), on the six bf16 training shapes whose plans
+    # it changes, twice, alternating
+    "s19-d2h": [(90, PY + [B + "diag/copy_rows.py"])]
+    + [(90, PY + [B + "gemm.py", "--cases", D2H_CASES, "--runs", "5", "--d2h-rows", flag,
+                  "--out", f"gemm-h200-s19-d2h{flag}{i}"])
+       for i, flags in ((1, ("on", "off")), (2, ("off", "on"))) for flag in flags],
     # nvidia-h200 (session 18): bf16 / tf32 GEMMs of whole-width strips in column chunks
     # (mmacc.COL_CHUNK), kernels and products; then the largest row at HEAD (the record's
     # is session 12's engine, b33ddcd)

@@ -81,6 +81,23 @@ def test_narrow_copy_rows_are_slow_in_the_model_and_widen_the_tiles():
     assert make_plan(32768, 32768, 32768, compute="bf16", n_devices=2, **kw).tile_m == 2048
 
 
+def test_narrow_c_rows_going_out_are_slow_in_the_model(monkeypatch):
+    """model.D2H_ROWS: a C tile narrower than C goes out at D2H_ROW_FACTOR of the rate, so
+    the NT shape whose C is as large as its A (65536 x 16384, bf16) takes whole-width
+    strips (C out contiguous) instead of 4096-wide tiles (16 KiB rows)."""
+    from outcore.gemm import model
+    assert row_factor(16 << 10, table=model.D2H_ROW_FACTOR) < \
+        row_factor(32 << 10, table=model.D2H_ROW_FACTOR) < 1.0
+    kw = dict(host_dtype=F32, compute="bf16", budget=120 << 30, layout=(False, True))
+    assert make_plan(65536, 16384, 16384, **kw).tile_n == 16384
+    monkeypatch.setattr(model, "D2H_ROWS", False)
+    narrow = make_plan(65536, 16384, 16384, **kw)   # sessions 11-18's pick
+    assert narrow.tile_n == 4096, narrow.describe()
+    fast = estimate_seconds(narrow, Rates(), layout=(False, True))
+    monkeypatch.setattr(model, "D2H_ROWS", True)
+    assert estimate_seconds(narrow, Rates(), layout=(False, True)) > 1.1 * fast
+
+
 def test_budget_too_small_for_one_tile():
     with pytest.raises(ValueError, match="too small for one 64x64 tile.*smaller tile"):
         make_plan(1000, 1000, 1000, host_dtype=F32, compute="fp32", budget=10_000, tile=64)

@@ -8,7 +8,8 @@ tile i's loads only once tile i - depth has computed (the worker's flow control)
 ignores cache eviction (it is only asked when everything fits) and per-call overheads; its
 rates only steer the schedule, a wrong guess costs speed, never correctness. A piece that
 is not contiguous in host memory is a 2-D copy of rows, and narrow rows cross PCIe well
-below the contiguous rate (`ROW_FACTOR`).
+below the contiguous rate (`ROW_FACTOR`), and so do C tiles narrower than C going out
+(`D2H_ROW_FACTOR`).
 """
 
 from __future__ import annotations
@@ -33,13 +34,26 @@ ROW_FACTOR = ((8 << 10, 0.55), (16 << 10, 0.6), (32 << 10, 0.75), (64 << 10, 0.8
               (128 << 10, 0.9), (1 << 20, 1.0))
 
 
-def row_factor(row_bytes: int, contiguous: bool = False) -> float:
-    """Fraction of the contiguous h2d rate a copy of rows of `row_bytes` reaches."""
-    if contiguous or row_bytes >= ROW_FACTOR[-1][0]:
+# The same for copies of C tiles out (rows of tile_n elements; contiguous when the tile is
+# the whole width of C), which run beside the copies in. From the timelines of
+# bench/gemm_probe.py (gemm-probe-h200-s13c.json, -s14a.json): fp32-16384's C tiles of 16
+# KiB rows went out at 39-40 GB/s while busy, fp32-32768's of 32 KiB rows at 47-48;
+# bf16-32768's whole-width strips at 51.8 (gemm-probe-h200-s16.json). The model's d2h rate
+# stays the contiguous one: this table only sets the cost of narrow rows against it.
+D2H_ROW_FACTOR = ((16 << 10, 0.73), (32 << 10, 0.87), (64 << 10, 0.94), (1 << 20, 1.0))
+# Whether estimate_seconds charges C's narrow rows (D2H_ROW_FACTOR) at all: a setting for
+# bench A/Bs (False: the model of sessions 11-18, C out at the contiguous rate).
+D2H_ROWS = True
+
+
+def row_factor(row_bytes: int, contiguous: bool = False, table=ROW_FACTOR) -> float:
+    """Fraction of the contiguous rate a 2-D copy of rows of `row_bytes` reaches (`table`:
+    ROW_FACTOR for copies in, D2H_ROW_FACTOR for C's copies out)."""
+    if contiguous or row_bytes >= table[-1][0]:
         return 1.0
-    if row_bytes <= ROW_FACTOR[0][0]:
-        return ROW_FACTOR[0][1] * row_bytes / ROW_FACTOR[0][0]
-    for (b0, f0), (b1, f1) in zip(ROW_FACTOR, ROW_FACTOR[1:]):
+    if row_bytes <= table[0][0]:
+        return table[0][1] * row_bytes / table[0][0]
+    for (b0, f0), (b1, f1) in zip(table, table[1:]):
         if row_bytes <= b1:
             return f0 + (f1 - f0) * (row_bytes - b0) / (b1 - b0)
     return 1.0
@@ -169,5 +183,7 @@ def estimate_seconds(plan: GemmPlan, rates: Rates, depth: int = LONE_DEPTH,
         for kb in range(len(kspans)):
             run(t, kb, pro if kb == 0 else 0, len(pspans[kb]))
         done.append(comp)
-        d2h = max(d2h, comp) + t.rows * t.cols * hb / rates.d2h
+        out_f = (row_factor(t.cols * hb, t.cols == plan.n, D2H_ROW_FACTOR) if D2H_ROWS
+                 else 1.0)
+        d2h = max(d2h, comp) + t.rows * t.cols * hb / (rates.d2h * out_f)
     return max(comp, d2h)
