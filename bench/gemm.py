@@ -459,6 +459,8 @@ def main() -> int:
     ap.add_argument("--d2h-rows", choices=("on", "off"), help="whether the planner's model "
                     "charges C tiles narrower than C for their rows going out "
                     "(model.D2H_ROWS; default on)")
+    ap.add_argument("--d2h-table", help="model.D2H_ROW_FACTOR as KIB:FRACTION,... "
+                    "(e.g. 16:0.73,32:0.97,64:1.0)")
     ap.add_argument("--cases", help="one GPU: comma-separated case names to run (default: "
                     "all)")
     ap.add_argument("--out", help="results file, or a bare name for bench/results/NAME.json "
@@ -485,6 +487,9 @@ def main() -> int:
     import outcore.gemm.model as model_mod
     if args.d2h_rows:
         model_mod.D2H_ROWS = args.d2h_rows == "on"
+    if args.d2h_table:
+        model_mod.D2H_ROW_FACTOR = tuple((int(kib) << 10, float(f)) for kib, f in
+                                         (x.split(":") for x in args.d2h_table.split(",")))
     t_start = time.perf_counter()
     n_gpu = 0 if args.smoke else min(args.gpus or torch.cuda.device_count(),
                                      torch.cuda.device_count())
@@ -548,6 +553,7 @@ def main() -> int:
         "b_rows_min_k": lone.B_ROWS_MIN_K, "tall_ta": list(lone.TALL_TA),
         "tall_ta_min_m": lone.TALL_TA_MIN_M,
         "lone_accs": plan_mod.LONE_ACCS, "d2h_rows": model_mod.D2H_ROWS,
+        "d2h_row_factor": [list(x) for x in model_mod.D2H_ROW_FACTOR],
         "elapsed_s": time.perf_counter() - t_start, "dropped": dropped,
         "notes": ["host matrices are float32 and pinned (cudaHostRegister) in every case; "
                   "the case prefix / compute field names the arithmetic",

@@ -45,6 +45,11 @@ TN_CASES = NT_CASES.replace("-NT-", "-TN-")
 D2H_CASES = ",".join(["train-NT-t16384-f16384-bf16", "train-NT-t32768-f8192-bf16",
                       "train-NT-t32768-f16384-bf16", "train-NT-t65536-f8192-bf16",
                       "train-NT-t65536-f16384-bf16", "train-TN-t32768-f16384-bf16"])
+D2H2_CASES = ",".join(["train-NT-t16384-f16384-bf16", "train-NT-t32768-f16384-bf16",
+                       "train-NT-t65536-f16384-bf16", "train-TN-t32768-f16384-bf16"])
+D2H_VARIANTS = {"wide": ["--d2h-table", "16:0.73,32:0.87,64:0.94,1024:1.0"],
+                "mid": ["--d2h-table", "16:0.73,32:0.97,64:1.0"],
+                "off": ["--d2h-rows", "off"]}
 
 def accs_pairs(pairs, alternate: bool) -> list:
     """bench/gemm.py at bf16-32768 and fp32-16384 with 4 accumulators and with 2, a pair
@@ -224,6 +229,16 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
                  (330, PY + [B + "stream.py", "--cases", "7b-16k", "--systems", "fsdp2",
                              "--compiled", "--largest", "0", "--skip-tests", "--timeout",
                              "300", "--out", "stream-h200-s18-7b-fsdp2"])],
+    # nvidia-h200 (session 19, after s19-d2h: whole-width NT tiles 1.10-1.22x faster at
+    # 16384 features, TN t32768-f16384 in one tile 0.93x): the copy rates again, with the
+    # contiguous copy the other way timed too; then three models on the NT shapes at 16384
+    # features and that TN shape: D2H_ROW_FACTOR as in s19-d2h ("wide": NT whole-width, TN
+    # one tile), with 32 KiB rows at 0.97 ("mid": NT 8192-wide, TN two tiles), and off
+    "s19-d2h2": [(90, PY + [B + "diag/copy_rows.py"])]
+    + [(90, PY + [B + "gemm.py", "--cases", D2H2_CASES, "--runs", "5", "--out",
+                  f"gemm-h200-s19-{tag}{i}"] + D2H_VARIANTS[tag])
+       for i, tags in ((1, ("wide", "mid", "off")), (2, ("off", "mid", "wide")))
+       for tag in tags],
     # nvidia-h200 (session 19): 2-D copy rates by row width, each way, alone and beside a
     # contiguous copy the other way; then the planner's model charging C tiles narrower
     # than C for their copies out (model.D2H_ROWS, the default in this tree) against the

@@ -46,6 +46,11 @@ D2H_ROW_FACTOR = ((16 << 10, 0.73), (32 << 10, 0.87), (64 << 10, 0.94), (1 << 20
 D2H_ROWS = True
 
 
+def settings() -> tuple:
+    """The settings above that steer a plan: part of the plan cache's key."""
+    return D2H_ROWS, tuple(D2H_ROW_FACTOR)
+
+
 def row_factor(row_bytes: int, contiguous: bool = False, table=ROW_FACTOR) -> float:
     """Fraction of the contiguous rate a 2-D copy of rows of `row_bytes` reaches (`table`:
     ROW_FACTOR for copies in, D2H_ROW_FACTOR for C's copies out)."""

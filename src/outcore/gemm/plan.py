@@ -264,7 +264,7 @@ def make_plan(m: int, n: int, k: int, *, host_dtype: torch.dtype, compute: str, 
     from . import lone, model
     args = (m, n, k, host_dtype, compute, budget, tile, n_devices, device_type, tuple(layout),
             lone.FLAT_TILES, FIRST_PIECE, SHARED_LONE_TILES, MAX_STRIPS,
-            MIN_STRIP.get(device_type), lone.settings(), model.D2H_ROWS, LONE_ACCS)
+            MIN_STRIP.get(device_type), lone.settings(), model.settings(), LONE_ACCS)
     if rates is not None:
         return _search(*args, rates)
     return _cached_search(*args)
@@ -280,9 +280,9 @@ def _cached_search(*args) -> GemmPlan:
 
 def _search(m, n, k, host_dtype, compute, budget, tile, n_devices, device_type, layout,
             flat, first_piece, shared_lone, _max_strips, _min_strip, _lone_settings,
-            _d2h_rows, lone_accs, rates) -> GemmPlan:
+            _model_settings, lone_accs, rates) -> GemmPlan:
     """make_plan's work, on its normalized arguments (the strip settings, read by
-    with_strips, lone.settings() and model.D2H_ROWS are in them only to key the plan
+    with_strips, lone.settings() and model.settings() are in them only to key the plan
     cache)."""
     plan = None
     if n_devices > 1 and device_type == "cuda" and tile[0] is None and shared_lone:
