@@ -229,6 +229,10 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
                  (330, PY + [B + "stream.py", "--cases", "7b-16k", "--systems", "fsdp2",
                              "--compiled", "--largest", "0", "--skip-tests", "--timeout",
                              "300", "--out", "stream-h200-s18-7b-fsdp2"])],
+    # nvidia-h200 (session 19): the gemm GPU tests and the run of record at the model with
+    # D2H_ROW_FACTOR as s19-d2h2's "mid" (the five NT shapes in 8192-wide tiles)
+    "s19-record": [(90, PY + ["-m", "pytest", "-q", "tests/gemm/test_gemm_gpu.py"]),
+                   (330, PY + [B + "gemm.py", "--budget-s", "300"])],
     # nvidia-h200 (session 19, after s19-d2h: whole-width NT tiles 1.10-1.22x faster at
     # 16384 features, TN t32768-f16384 in one tile 0.93x): the copy rates again, with the
     # contiguous copy the other way timed too; then three models on the NT shapes at 16384

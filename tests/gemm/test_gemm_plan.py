@@ -83,13 +83,13 @@ def test_narrow_copy_rows_are_slow_in_the_model_and_widen_the_tiles():
 
 def test_narrow_c_rows_going_out_are_slow_in_the_model(monkeypatch):
     """model.D2H_ROWS: a C tile narrower than C goes out at D2H_ROW_FACTOR of the rate, so
-    the NT shape whose C is as large as its A (65536 x 16384, bf16) takes whole-width
-    strips (C out contiguous) instead of 4096-wide tiles (16 KiB rows)."""
+    the NT shape whose C is as large as its A (65536 x 16384, bf16) takes 8192-wide tiles
+    (32 KiB rows) instead of 4096-wide ones (16 KiB rows)."""
     from outcore.gemm import model
     assert row_factor(16 << 10, table=model.D2H_ROW_FACTOR) < \
         row_factor(32 << 10, table=model.D2H_ROW_FACTOR) < 1.0
     kw = dict(host_dtype=F32, compute="bf16", budget=120 << 30, layout=(False, True))
-    assert make_plan(65536, 16384, 16384, **kw).tile_n == 16384
+    assert make_plan(65536, 16384, 16384, **kw).tile_n == 8192
     monkeypatch.setattr(model, "D2H_ROWS", False)
     narrow = make_plan(65536, 16384, 16384, **kw)   # sessions 11-18's pick
     assert narrow.tile_n == 4096, narrow.describe()

@@ -34,13 +34,16 @@ ROW_FACTOR = ((8 << 10, 0.55), (16 << 10, 0.6), (32 << 10, 0.75), (64 << 10, 0.8
               (128 << 10, 0.9), (1 << 20, 1.0))
 
 
-# The same for copies of C tiles out (rows of tile_n elements; contiguous when the tile is
-# the whole width of C), which run beside the copies in. From the timelines of
-# bench/gemm_probe.py (gemm-probe-h200-s13c.json, -s14a.json): fp32-16384's C tiles of 16
-# KiB rows went out at 39-40 GB/s while busy, fp32-32768's of 32 KiB rows at 47-48;
-# bf16-32768's whole-width strips at 51.8 (gemm-probe-h200-s16.json). The model's d2h rate
-# stays the contiguous one: this table only sets the cost of narrow rows against it.
-D2H_ROW_FACTOR = ((16 << 10, 0.73), (32 << 10, 0.87), (64 << 10, 0.94), (1 << 20, 1.0))
+# The same for C tiles going out (rows of tile_n elements; contiguous when the tile is the
+# whole width of C), fitted to the products, not to the copies alone. On the H200 a C tile
+# of 16 KiB rows costs a bf16 product more than its copy's rate says: the copies alone
+# (bench/diag/copy_rows.py, copy-rows-h200.json) take 16 KiB rows out at 46.9 GB/s beside
+# copies in, 0.93 of contiguous rows, yet the NT training shapes at 16384 features ran
+# 1.08x, 1.16x and 1.22x faster in 8192-wide tiles than in the 4096-wide ones this model
+# chose without this table (gemm-h200-s19-{mid,off}{1,2}.json; what the extra cost is,
+# per-tile work or the copies' interplay, the model does not say). 32 KiB rows at 0.97: at
+# 0.87 the TN shape t32768-f16384 went to one 16384^2 tile, 0.93x (-wide{1,2}.json).
+D2H_ROW_FACTOR = ((16 << 10, 0.73), (32 << 10, 0.97), (64 << 10, 1.0))
 # Whether estimate_seconds charges C's narrow rows (D2H_ROW_FACTOR) at all: a setting for
 # bench A/Bs (False: the model of sessions 11-18, C out at the contiguous rate).
 D2H_ROWS = True
