@@ -47,6 +47,11 @@ D2H_CASES = ",".join(["train-NT-t16384-f16384-bf16", "train-NT-t32768-f8192-bf16
                       "train-NT-t65536-f16384-bf16", "train-TN-t32768-f16384-bf16"])
 D2H2_CASES = ",".join(["train-NT-t16384-f16384-bf16", "train-NT-t32768-f16384-bf16",
                        "train-NT-t65536-f16384-bf16", "train-TN-t32768-f16384-bf16"])
+# bf16-32768 and the 18 bf16 training shapes
+BF16_CASES = ",".join(["bf16-32768"] + [f"train-{lay}-t{t}-f{f}-bf16"
+                                        for t in (16384, 32768, 65536) for f in (8192, 16384)
+                                        for lay in ("NT", "NN", "TN")])
+SIDE_VARIANTS = {"side1024": ["--flat-sides", "1024,2048,4096,8192"], "side2048": []}
 D2H_VARIANTS = {"wide": ["--d2h-table", "16:0.73,32:0.87,64:0.94,1024:1.0"],
                 "mid": ["--d2h-table", "16:0.73,32:0.97,64:1.0"],
                 "off": ["--d2h-rows", "off"]}
@@ -229,6 +234,13 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
                  (330, PY + [B + "stream.py", "--cases", "7b-16k", "--systems", "fsdp2",
                              "--compiled", "--largest", "0", "--skip-tests", "--timeout",
                              "300", "--out", "stream-h200-s18-7b-fsdp2"])],
+    # nvidia-h200 (session 19): flat tiles and whole-width strips 1024 rows tall too
+    # (lone.FLAT_SIDES; the model then takes 1024-row strips in 15 of the 19 bf16 cases)
+    # against the default, on every bf16 case, twice, alternating
+    "s19-sides": [(150, PY + [B + "gemm.py", "--cases", BF16_CASES, "--runs", "5", "--out",
+                              f"gemm-h200-s19-{tag}-{i}"] + SIDE_VARIANTS[tag])
+                  for i, pair in ((1, ("side1024", "side2048")), (2, ("side2048", "side1024")))
+                  for tag in pair],
     # nvidia-h200 (session 19): the gemm GPU tests and the run of record at the model with
     # D2H_ROW_FACTOR as s19-d2h2's "mid" (the five NT shapes in 8192-wide tiles)
     "s19-record": [(90, PY + ["-m", "pytest", "-q", "tests/gemm/test_gemm_gpu.py"]),

@@ -19,6 +19,9 @@ from .tiles import cdiv
 # against 204 ms in its square pick (8192 x 8192); tf32 the same 221-223 ms either way.
 # bench/gemm.py --square-tiles turns it off.
 FLAT_TILES = True
+# The short sides flatter() tries its flat tiles and whole-width strips with (unmeasured:
+# 1024 lets the bf16 training shapes of 16384 x 8192 take 16 whole-width strips)
+FLAT_SIDES: tuple[int, ...] = (2048, 4096, 8192)
 PIECE_FACTORS = (1, 2, 4, 8)          # copy pieces the model weighs, x the default piece
 # Computes whose plans may copy A's panels whole, in contiguous chunks of rows (plan.a_rows)
 # instead of K pieces (2-D copies of rows of 8-32 KiB: 34-49 GB/s alone on the H200 against
@@ -58,7 +61,7 @@ def settings() -> tuple:
     by itself): part of the plan cache's key, so a plan made under one setting is never
     served under another."""
     return (tuple(A_ROWS), tuple(B_ROWS), B_ROWS_MIN_K, tuple(FEW_WIDE), FEW_WIDE_TILES,
-            tuple(TALL_TA), TALL_TA_MIN_M)
+            tuple(TALL_TA), TALL_TA_MIN_M, tuple(FLAT_SIDES))
 
 
 def whole_k(plan: GemmPlan, tm: int, tn: int, rates: Rates,
@@ -121,7 +124,7 @@ def flatter(plan: GemmPlan, rates: Rates, layout: tuple[bool, bool]) -> GemmPlan
     if plan.est_seconds is None:
         return plan
     best = plan
-    for t in (2048, 4096, 8192):
+    for t in FLAT_SIDES:
         # (t, n): whole-width row strips, whose B pieces are whole rows of a row-major B
         # (contiguous copies; session 13's probe: bf16 at 32768 in 184 ms against 190)
         for tm, tn in ((t, 2 * t), (t, 4 * t), (2 * t, t), (4 * t, t), (t, plan.n)):
