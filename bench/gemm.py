@@ -458,7 +458,7 @@ def main() -> int:
                     "prologue (outcore.gemm.plan.LONE_ACCS, default 4 since session 16)")
     ap.add_argument("--flat-sides", help="comma-separated short sides the planner tries "
                     "flat tiles and whole-width strips with (lone.FLAT_SIDES; default "
-                    "2048,4096,8192)")
+                    "1024,2048,4096,8192)")
     ap.add_argument("--d2h-rows", choices=("on", "off"), help="whether the planner's model "
                     "charges C tiles narrower than C for their rows going out "
                     "(model.D2H_ROWS; default on)")

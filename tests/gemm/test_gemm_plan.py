@@ -77,15 +77,20 @@ def test_narrow_copy_rows_are_slow_in_the_model_and_widen_the_tiles():
     assert narrow.tile_m >= 8192
     # fp32 is compute-bound: the first pieces should come quickly, tiles stay 4096
     assert make_plan(16384, 16384, 16384, compute="fp32", **kw).tile_m == 4096
-    # several devices keep their smaller tiles
-    assert make_plan(32768, 32768, 32768, compute="bf16", n_devices=2, **kw).tile_m == 2048
+    # several devices take a lone device's tiles (strips of at most 2048 rows here)
+    lone_plan = make_plan(32768, 32768, 32768, compute="bf16", **kw)
+    two = make_plan(32768, 32768, 32768, compute="bf16", n_devices=2, **kw)
+    assert two.tile_m == lone_plan.tile_m <= 2048
 
 
 def test_narrow_c_rows_going_out_are_slow_in_the_model(monkeypatch):
     """model.D2H_ROWS: a C tile narrower than C goes out at D2H_ROW_FACTOR of the rate, so
     the NT shape whose C is as large as its A (65536 x 16384, bf16) takes 8192-wide tiles
     (32 KiB rows) instead of 4096-wide ones (16 KiB rows)."""
-    from outcore.gemm import model
+    from outcore.gemm import lone, model
+    # flat tiles as before session 19 (with 1024-row strips this shape takes whole-width
+    # ones, whatever C's rows cost)
+    monkeypatch.setattr(lone, "FLAT_SIDES", (2048, 4096, 8192))
     assert row_factor(16 << 10, table=model.D2H_ROW_FACTOR) < \
         row_factor(32 << 10, table=model.D2H_ROW_FACTOR) < 1.0
     kw = dict(host_dtype=F32, compute="bf16", budget=120 << 30, layout=(False, True))
@@ -201,7 +206,8 @@ def test_whole_width_strips_for_link_bound_products(monkeypatch):
     compute-bound product (fp32) keeps its square tiles."""
     kw = dict(host_dtype=torch.float32, budget=100 << 30, n_devices=1, device_type="cuda")
     bf16 = make_plan(32768, 32768, 32768, compute="bf16", **kw)
-    assert (bf16.tile_m, bf16.tile_n, bf16.piece_k) == (2048, 32768, 8192)
+    # (2048-row strips until session 19, 1024 since: lone.FLAT_SIDES)
+    assert (bf16.tile_m, bf16.tile_n, bf16.piece_k) == (1024, 32768, 8192)
     assert bf16.device_bytes() <= 100 << 30
     fp32 = make_plan(32768, 32768, 32768, compute="fp32", **kw)
     assert fp32.tile_m == fp32.tile_n

@@ -19,9 +19,13 @@ from .tiles import cdiv
 # against 204 ms in its square pick (8192 x 8192); tf32 the same 221-223 ms either way.
 # bench/gemm.py --square-tiles turns it off.
 FLAT_TILES = True
-# The short sides flatter() tries its flat tiles and whole-width strips with (unmeasured:
-# 1024 lets the bf16 training shapes of 16384 x 8192 take 16 whole-width strips)
-FLAT_SIDES: tuple[int, ...] = (2048, 4096, 8192)
+# The short sides flatter() tries its flat tiles and whole-width strips with. 1024 since
+# session 19: the model then takes 1024-row strips in 15 of the 19 bf16 cases of
+# bench/gemm.py (a shorter tail after the last copy in), and they ran faster in two
+# alternating rounds (gemm-h200-s19-side{1024,2048}-{1,2}.json): bf16-32768 1.04x (0.876
+# of the bound against 0.843), the training shapes 1.00-1.06x; fp32 and tf32 keep their
+# plans.
+FLAT_SIDES: tuple[int, ...] = (1024, 2048, 4096, 8192)
 PIECE_FACTORS = (1, 2, 4, 8)          # copy pieces the model weighs, x the default piece
 # Computes whose plans may copy A's panels whole, in contiguous chunks of rows (plan.a_rows)
 # instead of K pieces (2-D copies of rows of 8-32 KiB: 34-49 GB/s alone on the H200 against
