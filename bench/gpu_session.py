@@ -234,6 +234,9 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
                  (330, PY + [B + "stream.py", "--cases", "7b-16k", "--systems", "fsdp2",
                              "--compiled", "--largest", "0", "--skip-tests", "--timeout",
                              "300", "--out", "stream-h200-s18-7b-fsdp2"])],
+    # nvidia-h200 (session 19): fp32-16384 in forced tiles (whole-height strips, 8192^2,
+    # shallow first pieces) against the planner's 4096^2
+    "s19-fp32": [(120, PY + [B + "diag/fp32_tiles.py"])],
     # nvidia-h200 (session 19): flat tiles and whole-width strips 1024 rows tall too
     # (lone.FLAT_SIDES; the model then takes 1024-row strips in 15 of the 19 bf16 cases)
     # against the default, on every bf16 case, twice, alternating
