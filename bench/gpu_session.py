@@ -51,7 +51,9 @@ D2H2_CASES = ",".join(["train-NT-t16384-f16384-bf16", "train-NT-t32768-f16384-bf
 BF16_CASES = ",".join(["bf16-32768"] + [f"train-{lay}-t{t}-f{f}-bf16"
                                         for t in (16384, 32768, 65536) for f in (8192, 16384)
                                         for lay in ("NT", "NN", "TN")])
-SIDE_VARIANTS = {"side1024": ["--flat-sides", "1024,2048,4096,8192"], "side2048": []}
+SIDE_VARIANTS = {"side1024": ["--flat-sides", "1024,2048,4096,8192"],
+                 "side2048": ["--flat-sides", "2048,4096,8192"],
+                 "side512": ["--flat-sides", "512,1024,2048,4096,8192"]}
 D2H_VARIANTS = {"wide": ["--d2h-table", "16:0.73,32:0.87,64:0.94,1024:1.0"],
                 "mid": ["--d2h-table", "16:0.73,32:0.97,64:1.0"],
                 "off": ["--d2h-rows", "off"]}
@@ -234,6 +236,13 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
                  (330, PY + [B + "stream.py", "--cases", "7b-16k", "--systems", "fsdp2",
                              "--compiled", "--largest", "0", "--skip-tests", "--timeout",
                              "300", "--out", "stream-h200-s18-7b-fsdp2"])],
+    # nvidia-h200 (session 19, after s19-sides made 1024-row strips the default): 512-row
+    # strips too (the model then takes them in 12 bf16 training shapes, 1-3% faster by its
+    # count) against the default, every bf16 case, twice, alternating
+    "s19-sides512": [(150, PY + [B + "gemm.py", "--cases", BF16_CASES, "--runs", "5", "--out",
+                                 f"gemm-h200-s19-{tag}-{i}"] + SIDE_VARIANTS[tag])
+                     for i, pair in ((1, ("side512", "side1024")), (2, ("side1024", "side512")))
+                     for tag in pair],
     # nvidia-h200 (session 19): fp32-16384 in forced tiles (whole-height strips, 8192^2,
     # shallow first pieces) against the planner's 4096^2
     "s19-fp32": [(120, PY + [B + "diag/fp32_tiles.py"])],
