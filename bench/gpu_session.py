@@ -240,7 +240,7 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
     # strips too (the model then takes them in 12 bf16 training shapes, 1-3% faster by its
     # count) against the default, every bf16 case, twice, alternating
     "s19-sides512": [(150, PY + [B + "gemm.py", "--cases", BF16_CASES, "--runs", "5", "--out",
-                                 f"gemm-h200-s19-{tag}-{i}"] + SIDE_VARIANTS[tag])
+                                 f"gemm-h200-s19b-{tag}-{i}"] + SIDE_VARIANTS[tag])
                      for i, pair in ((1, ("side512", "side1024")), (2, ("side1024", "side512")))
                      for tag in pair],
     # nvidia-h200 (session 19): fp32-16384 in forced tiles (whole-height strips, 8192^2,
