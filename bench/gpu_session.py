@@ -236,6 +236,11 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
                  (330, PY + [B + "stream.py", "--cases", "7b-16k", "--systems", "fsdp2",
                              "--compiled", "--largest", "0", "--skip-tests", "--timeout",
                              "300", "--out", "stream-h200-s18-7b-fsdp2"])],
+    # nvidia-h200 (session 19, the last call): the two square cases whose targets sit in
+    # the runs' spread, at HEAD's defaults, 7 runs each, twice (not the record: a sample
+    # of the spread)
+    "s19-square": [(100, PY + [B + "gemm.py", "--cases", "fp32-16384,bf16-32768", "--runs", "7",
+                               "--out", f"gemm-h200-s19-square-{i}"]) for i in (1, 2)],
     # nvidia-h200 (session 19, after s19-sides made 1024-row strips the default): 512-row
     # strips too (the model then takes them in 12 bf16 training shapes, 1-3% faster by its
     # count) against the default, every bf16 case, twice, alternating
