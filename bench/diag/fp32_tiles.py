@@ -8,7 +8,7 @@ TFLOP/s in the probes, where 16384 x 4096 x 16384 ran 52.2 and 8192^2 x 16384 52
 (gemm-probe-h200-s11a.json, -s14a.json). The planner's model fits kernel rates
 symmetrically in rows and columns, so it never weighs whole-height column strips of C
 (16384 x 4096) for a product stored N x N. This times the product (outcore.matmul, pinned
-host matrices, median of RUNS after a warm-up) in the planner's tiles and in forced
+host matrices, median of 3 after a warm-up) in the planner's tiles and in forced
 ones: whole-height strips, and 8192^2 tiles, each also with a shallow first piece
 (plan.FIRST_PIECE); ROUNDS rounds, the order rotated; two rows of each product checked
 against float64. Writes bench/results/fp32-tiles-<machine>.json, a table last.
@@ -17,15 +17,14 @@ against float64. Writes bench/results/fp32-tiles-<machine>.json, a table last.
 from __future__ import annotations
 
 import os
-import statistics
 import sys
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # bench/
 import common  # noqa: E402
-from fp32_wide import rel_error  # noqa: E402
-from gemm import fill_, median_s, square_cases  # noqa: E402
+from fp32_wide import ab_rounds, time_product  # noqa: E402
+from gemm import fill_, square_cases  # noqa: E402
 
 import outcore.gemm.plan as plan_mod  # noqa: E402
 from outcore.gemm import matmul  # noqa: E402
@@ -37,18 +36,13 @@ VARIANTS = {"planner": (None, 0),
             "tall-4096-first512": ((16384, 4096, 16384, 2048), 512),
             "8192": ((8192, 8192, 16384, 2048), 0),
             "8192-first1024": ((8192, 8192, 16384, 2048), 1024)}
-ROUNDS, RUNS = 4, 3
+ROUNDS = 4
 
 
 def time_variant(c, A, B, C, name: str) -> tuple[float, str]:
     tile, plan_mod.FIRST_PIECE = VARIANTS[name]
-
-    def fn():
-        return matmul(A, B, C, compute="fp32", tile=tile, return_stats=True)[1]
-    stats = [fn()]   # warm-up: the plan, the arena
-    # matmul returns once C is in host memory: no sync needed around a run
-    runs = median_s(lambda: stats.append(fn()), RUNS, lambda: None)
-    return statistics.median(runs), stats[-1].plan
+    return time_product(lambda: matmul(A, B, C, compute="fp32", tile=tile,
+                                       return_stats=True)[1])
 
 
 def main() -> int:
@@ -61,25 +55,10 @@ def main() -> int:
                pin_(torch.empty(c.m, c.n)))
     fill_(A.view(-1))
     fill_(B.view(-1))
-    rows, names = [], list(VARIANTS)
-    times: dict = {v: [] for v in names}
     try:
-        for rnd in range(ROUNDS):
-            order = names[rnd % len(names):] + names[:rnd % len(names)]
-            for v in order:
-                t, desc = time_variant(c, A, B, C, v)
-                times[v].append(t)
-                rows.append({"case": c.name, "variant": v, "round": rnd, "seconds": t,
-                             "tflops": c.flops / t / 1e12, "plan": desc,
-                             "rel_err": rel_error(c, A, B, C) if rnd == 0 else None})
-                print(rows[-1], flush=True)
+        rows = ab_rounds(c, A, B, C, list(VARIANTS), time_variant, ROUNDS, "planner")
     finally:
         plan_mod.FIRST_PIECE = 0
-    base = statistics.median(times["planner"])
-    for v in names:
-        t = statistics.median(times[v])
-        rows.append({"case": c.name, "variant": v, "round": "median", "seconds": t,
-                     "tflops": c.flops / t / 1e12, "vs_planner": base / t})
     doc["runs"] = rows
     common.write(doc, f"fp32-tiles-{common.machine_name()}")
     print(common.table([r for r in rows if r["round"] == "median"],

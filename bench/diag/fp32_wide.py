@@ -49,16 +49,40 @@ def rel_error(c, A, B, C) -> float:
     return ((C[rows].cuda().double() - ref).abs().max() / ref.abs().max()).item()
 
 
-def time_case(c, A, B, C, variant: str) -> tuple[float, str]:
-    settings(variant)
-
-    def fn():
-        return matmul(A, B, C, transa=c.transa, transb=c.transb, compute="fp32",
-                      return_stats=True)[1]
-    stats = [fn()]   # warm-up: the plan, the arena
+def time_product(fn) -> tuple[float, str]:
+    """Median seconds of RUNS calls of `fn` (a matmul returning its stats) after a warm-up
+    (the plan, the arena), and the plan it ran."""
+    stats = [fn()]
     # matmul returns once C is in host memory: no sync needed around a run
     runs = median_s(lambda: stats.append(fn()), RUNS, lambda: None)
     return statistics.median(runs), stats[-1].plan
+
+
+def time_case(c, A, B, C, variant: str) -> tuple[float, str]:
+    settings(variant)
+    return time_product(lambda: matmul(A, B, C, transa=c.transa, transb=c.transb,
+                                       compute="fp32", return_stats=True)[1])
+
+
+def ab_rounds(c, A, B, C, names: list, timer, rounds: int, base: str) -> list[dict]:
+    """Rows of `rounds` rounds of `timer(c, A, B, C, variant)` over `names` (the order
+    rotated each round; round 0 checks the product against float64), then each variant's
+    median with its speed against `base`'s."""
+    rows, times = [], {v: [] for v in names}
+    for rnd in range(rounds):
+        for v in names[rnd % len(names):] + names[:rnd % len(names)]:
+            t, desc = timer(c, A, B, C, v)
+            times[v].append(t)
+            rows.append({"case": c.name, "variant": v, "round": rnd, "seconds": t,
+                         "tflops": c.flops / t / 1e12, "plan": desc,
+                         "rel_err": rel_error(c, A, B, C) if rnd == 0 else None})
+            print(rows[-1], flush=True)
+    ref = statistics.median(times[base])
+    for v in names:
+        t = statistics.median(times[v])
+        rows.append({"case": c.name, "variant": v, "round": "median", "seconds": t,
+                     "tflops": c.flops / t / 1e12, f"vs_{base}": ref / t})
+    return rows
 
 
 def main() -> int:
@@ -72,26 +96,12 @@ def main() -> int:
     bufs = [pin_(torch.empty(biggest)) for _ in range(3)]
     for b in bufs[:2]:
         fill_(b)
-    rows, names = [], list(VARIANTS)
+    rows = []
     for c in cases:
         sa = (c.k, c.m) if c.transa else (c.m, c.k)
         sb = (c.n, c.k) if c.transb else (c.k, c.n)
         A, B, C = (b[:s[0] * s[1]].view(s) for b, s in zip(bufs, (sa, sb, (c.m, c.n))))
-        times: dict = {v: [] for v in names}
-        for rnd in range(ROUNDS):
-            order = names[rnd % len(names):] + names[:rnd % len(names)]
-            for v in order:
-                t, desc = time_case(c, A, B, C, v)
-                times[v].append(t)
-                rows.append({"case": c.name, "variant": v, "round": rnd, "seconds": t,
-                             "tflops": c.flops / t / 1e12, "plan": desc,
-                             "rel_err": rel_error(c, A, B, C) if rnd == 0 else None})
-                print(rows[-1], flush=True)
-        base = statistics.median(times["default"])
-        for v in names:
-            t = statistics.median(times[v])
-            rows.append({"case": c.name, "variant": v, "round": "median", "seconds": t,
-                         "tflops": c.flops / t / 1e12, "vs_default": base / t})
+        rows += ab_rounds(c, A, B, C, list(VARIANTS), time_case, ROUNDS, "default")
     settings("default")
     doc["runs"] = rows
     common.write(doc, f"fp32-wide-{common.machine_name()}")
