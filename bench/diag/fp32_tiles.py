@@ -23,7 +23,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # bench/
 import common  # noqa: E402
-from fp32_wide import ab_rounds, time_product  # noqa: E402
+from fp32_wide import ab_rounds, time_product, write_ab  # noqa: E402
 from gemm import fill_, square_cases  # noqa: E402
 
 import outcore.gemm.plan as plan_mod  # noqa: E402
@@ -59,10 +59,7 @@ def main() -> int:
         rows = ab_rounds(c, A, B, C, list(VARIANTS), time_variant, ROUNDS, "planner")
     finally:
         plan_mod.FIRST_PIECE = 0
-    doc["runs"] = rows
-    common.write(doc, f"fp32-tiles-{common.machine_name()}")
-    print(common.table([r for r in rows if r["round"] == "median"],
-                       ["case", "variant", "seconds", "tflops", "vs_planner"]))
+    write_ab(doc, rows, "fp32-tiles", "planner")
     return 0
 
 

@@ -85,6 +85,14 @@ def ab_rounds(c, A, B, C, names: list, timer, rounds: int, base: str) -> list[di
     return rows
 
 
+def write_ab(doc: dict, rows: list, name: str, base: str) -> None:
+    """bench/results/NAME-<machine>.json with `rows` (ab_rounds'), and the medians' table."""
+    doc["runs"] = rows
+    common.write(doc, f"{name}-{common.machine_name()}")
+    print(common.table([r for r in rows if r["round"] == "median"],
+                       ["case", "variant", "seconds", "tflops", f"vs_{base}"]))
+
+
 def main() -> int:
     if not torch.cuda.is_available():
         print("bench/diag/fp32_wide.py needs a CUDA GPU", file=sys.stderr)
@@ -103,10 +111,7 @@ def main() -> int:
         A, B, C = (b[:s[0] * s[1]].view(s) for b, s in zip(bufs, (sa, sb, (c.m, c.n))))
         rows += ab_rounds(c, A, B, C, list(VARIANTS), time_case, ROUNDS, "default")
     settings("default")
-    doc["runs"] = rows
-    common.write(doc, f"fp32-wide-{common.machine_name()}")
-    print(common.table([r for r in rows if r["round"] == "median"],
-                       ["case", "variant", "seconds", "tflops", "vs_default"]))
+    write_ab(doc, rows, "fp32-wide", "default")
     return 0
 
 
