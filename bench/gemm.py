@@ -457,7 +457,8 @@ def main() -> int:
     ap.add_argument("--accs", type=int, help="accumulators of a lone GPU's plan without a "
                     "prologue (outcore.gemm.plan.LONE_ACCS, default 4 since session 16)")
     ap.add_argument("--flat-sides", help="comma-separated short sides the planner tries "
-                    "flat tiles and whole-width strips with (lone.FLAT_SIDES; default "
+                    "flat tiles and whole-width strips with (sets lone.FLAT_SIDES and "
+                    "lone.STRIP_ROWS, as session 19's A/Bs ran; default 2048,4096,8192 and "
                     "1024,2048,4096,8192)")
     ap.add_argument("--d2h-rows", choices=("on", "off"), help="whether the planner's model "
                     "charges C tiles narrower than C for their rows going out "
@@ -479,7 +480,7 @@ def main() -> int:
         if arg is not None:
             setattr(lone, name, () if arg == "none" else tuple(arg.split(",")))
     if args.flat_sides:
-        lone.FLAT_SIDES = tuple(int(x) for x in args.flat_sides.split(","))
+        lone.FLAT_SIDES = lone.STRIP_ROWS = tuple(int(x) for x in args.flat_sides.split(","))
     import outcore.gemm.plan as plan_mod
     if args.max_strips:
         plan_mod.MAX_STRIPS = args.max_strips
@@ -557,6 +558,7 @@ def main() -> int:
         "a_rows": list(lone.A_ROWS), "b_rows": list(lone.B_ROWS),
         "b_rows_min_k": lone.B_ROWS_MIN_K, "tall_ta": list(lone.TALL_TA),
         "tall_ta_min_m": lone.TALL_TA_MIN_M, "flat_sides": list(lone.FLAT_SIDES),
+        "strip_rows": list(lone.STRIP_ROWS),
         "lone_accs": plan_mod.LONE_ACCS, "d2h_rows": model_mod.D2H_ROWS,
         "d2h_row_factor": [list(x) for x in model_mod.D2H_ROW_FACTOR],
         "elapsed_s": time.perf_counter() - t_start, "dropped": dropped,

@@ -252,7 +252,7 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
     # shallow first pieces) against the planner's 4096^2
     "s19-fp32": [(120, PY + [B + "diag/fp32_tiles.py"])],
     # nvidia-h200 (session 19): flat tiles and whole-width strips 1024 rows tall too
-    # (lone.FLAT_SIDES; the model then takes 1024-row strips in 15 of the 19 bf16 cases)
+    # (lone.FLAT_SIDES and STRIP_ROWS; the model then takes 1024-row strips in 15 of the 19 bf16 cases)
     # against the default, on every bf16 case, twice, alternating
     "s19-sides": [(150, PY + [B + "gemm.py", "--cases", BF16_CASES, "--runs", "5", "--out",
                               f"gemm-h200-s19-{tag}-{i}"] + SIDE_VARIANTS[tag])

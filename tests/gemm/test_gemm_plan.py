@@ -88,9 +88,9 @@ def test_narrow_c_rows_going_out_are_slow_in_the_model(monkeypatch):
     the NT shape whose C is as large as its A (65536 x 16384, bf16) takes 8192-wide tiles
     (32 KiB rows) instead of 4096-wide ones (16 KiB rows)."""
     from outcore.gemm import lone, model
-    # flat tiles as before session 19 (with 1024-row strips this shape takes whole-width
-    # ones, whatever C's rows cost)
-    monkeypatch.setattr(lone, "FLAT_SIDES", (2048, 4096, 8192))
+    # strips as before session 19 (with 1024-row ones this shape takes whole-width strips,
+    # whatever C's rows cost)
+    monkeypatch.setattr(lone, "STRIP_ROWS", (2048, 4096, 8192))
     assert row_factor(16 << 10, table=model.D2H_ROW_FACTOR) < \
         row_factor(32 << 10, table=model.D2H_ROW_FACTOR) < 1.0
     kw = dict(host_dtype=F32, compute="bf16", budget=120 << 30, layout=(False, True))
@@ -206,7 +206,7 @@ def test_whole_width_strips_for_link_bound_products(monkeypatch):
     compute-bound product (fp32) keeps its square tiles."""
     kw = dict(host_dtype=torch.float32, budget=100 << 30, n_devices=1, device_type="cuda")
     bf16 = make_plan(32768, 32768, 32768, compute="bf16", **kw)
-    # (2048-row strips until session 19, 1024 since: lone.FLAT_SIDES)
+    # (2048-row strips until session 19, 1024 since: lone.STRIP_ROWS)
     assert (bf16.tile_m, bf16.tile_n, bf16.piece_k) == (1024, 32768, 8192)
     assert bf16.device_bytes() <= 100 << 30
     fp32 = make_plan(32768, 32768, 32768, compute="fp32", **kw)

@@ -19,13 +19,15 @@ from .tiles import cdiv
 # against 204 ms in its square pick (8192 x 8192); tf32 the same 221-223 ms either way.
 # bench/gemm.py --square-tiles turns it off.
 FLAT_TILES = True
-# The short sides flatter() tries its flat tiles and whole-width strips with. 1024 since
-# session 19: the model then takes 1024-row strips in 15 of the 19 bf16 cases of
-# bench/gemm.py (a shorter tail after the last copy in), and they ran faster in two
-# alternating rounds (gemm-h200-s19-side{1024,2048}-{1,2}.json): bf16-32768 1.04x (0.876
-# of the bound against 0.843), the training shapes 1.00-1.06x; fp32 and tf32 keep their
-# plans.
-FLAT_SIDES: tuple[int, ...] = (1024, 2048, 4096, 8192)
+# The short sides of the flat tiles flatter() tries, and the heights of its whole-width
+# strips. Strips 1024 rows tall since session 19: the model then takes them in 15 of the
+# 19 bf16 cases of bench/gemm.py (a shorter tail after the last copy in), and they ran
+# faster in two alternating rounds (gemm-h200-s19-side{1024,2048}-{1,2}.json, where flat
+# tiles 1024 wide were candidates too and never chosen): bf16-32768 1.04x (0.876 of the
+# bound against 0.843), the training shapes 1.00-1.06x; fp32 and tf32 keep their plans.
+# Each candidate costs a model run, so flat tiles keep their three sides.
+FLAT_SIDES: tuple[int, ...] = (2048, 4096, 8192)
+STRIP_ROWS: tuple[int, ...] = (1024, 2048, 4096, 8192)
 PIECE_FACTORS = (1, 2, 4, 8)          # copy pieces the model weighs, x the default piece
 # Computes whose plans may copy A's panels whole, in contiguous chunks of rows (plan.a_rows)
 # instead of K pieces (2-D copies of rows of 8-32 KiB: 34-49 GB/s alone on the H200 against
@@ -65,7 +67,7 @@ def settings() -> tuple:
     by itself): part of the plan cache's key, so a plan made under one setting is never
     served under another."""
     return (tuple(A_ROWS), tuple(B_ROWS), B_ROWS_MIN_K, tuple(FEW_WIDE), FEW_WIDE_TILES,
-            tuple(TALL_TA), TALL_TA_MIN_M, tuple(FLAT_SIDES))
+            tuple(TALL_TA), TALL_TA_MIN_M, tuple(FLAT_SIDES), tuple(STRIP_ROWS))
 
 
 def whole_k(plan: GemmPlan, tm: int, tn: int, rates: Rates,
@@ -128,10 +130,13 @@ def flatter(plan: GemmPlan, rates: Rates, layout: tuple[bool, bool]) -> GemmPlan
     if plan.est_seconds is None:
         return plan
     best = plan
-    for t in FLAT_SIDES:
-        # (t, n): whole-width row strips, whose B pieces are whole rows of a row-major B
-        # (contiguous copies; session 13's probe: bf16 at 32768 in 184 ms against 190)
-        for tm, tn in ((t, 2 * t), (t, 4 * t), (2 * t, t), (4 * t, t), (t, plan.n)):
+    for t in sorted(set(FLAT_SIDES) | set(STRIP_ROWS)):
+        shapes = [(t, 2 * t), (t, 4 * t), (2 * t, t), (4 * t, t)] if t in FLAT_SIDES else []
+        if t in STRIP_ROWS:
+            # whole-width row strips, whose B pieces are whole rows of a row-major B
+            # (contiguous copies; session 13's probe: bf16 at 32768 in 184 ms against 190)
+            shapes.append((t, plan.n))
+        for tm, tn in shapes:
             tm, tn = min(tm, plan.m), min(tn, plan.n)
             if (tm, tn) != (best.tile_m, best.tile_n):
                 cand = whole_k(plan, tm, tn, rates, layout)

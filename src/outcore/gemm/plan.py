@@ -255,10 +255,13 @@ def make_plan(m: int, n: int, k: int, *, host_dtype: torch.dtype, compute: str, 
     Raises OutcoreError when the budget is too small for one tile's working set.
 
     Plans are remembered (the last PLAN_CACHE of them, with the default rates): the search
-    costs ~15 ms of host time at 32768 in tf32 and bf16 (26 ms before session 6's speed-up;
-    5 ms in fp32), serial before the first copy, and a training loop asks for the same
-    shapes at every step. On the H200 that search was the gap between the planner's
-    choice (270 TFLOP/s in tf32) and the same plan forced with `tile` (313).
+    is serial before the first copy, and a training loop asks for the same shapes at every
+    step. It has grown with the candidates since session 6 (~15 ms at 32768 in tf32 and
+    bf16 then): on the development machine's CPU in session 19, 0.96 s for bf16 at 32768,
+    0.64 s for tf32, 0.14 s for fp32, 5-16 ms at 16384 x 8192 x 8192. On the H200 an
+    uncached search was once the gap between the planner's choice (270 TFLOP/s in tf32)
+    and the same plan forced with `tile` (313); the benches time cached plans (their
+    warm-up run makes them).
     """
     tile = _tile_arg(tile)   # hashable, and a bad tile is reported before any lookup
     from . import lone, model
