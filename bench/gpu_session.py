@@ -252,8 +252,8 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
     # shallow first pieces) against the planner's 4096^2
     "s19-fp32": [(120, PY + [B + "diag/fp32_tiles.py"])],
     # nvidia-h200 (session 19): flat tiles and whole-width strips 1024 rows tall too
-    # (lone.FLAT_SIDES and STRIP_ROWS; the model then takes 1024-row strips in 15 of the 19 bf16 cases)
-    # against the default, on every bf16 case, twice, alternating
+    # (lone.FLAT_SIDES and STRIP_ROWS; the model then takes 1024-row strips in 15 of the
+    # 19 bf16 cases) against 2048 and up, on every bf16 case, twice, alternating
     "s19-sides": [(150, PY + [B + "gemm.py", "--cases", BF16_CASES, "--runs", "5", "--out",
                               f"gemm-h200-s19-{tag}-{i}"] + SIDE_VARIANTS[tag])
                   for i, pair in ((1, ("side1024", "side2048")), (2, ("side2048", "side1024")))
@@ -276,10 +276,11 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
     # contiguous copy the other way; then the planner's model charging C tiles narrower
     # than C for their copies out (model.D2H_ROWS, the default in this tree) against the
     # model of sessions 11-18 (--d2h-rows off), on the six bf16 training shapes whose plans
-    # it changes, twice, alternating
+    # it changes, twice, alternating ("on": the table as it was then, s19-d2h2's "wide")
     "s19-d2h": [(90, PY + [B + "diag/copy_rows.py"])]
     + [(90, PY + [B + "gemm.py", "--cases", D2H_CASES, "--runs", "5", "--d2h-rows", flag,
-                  "--out", f"gemm-h200-s19-d2h{flag}{i}"])
+                  "--out", f"gemm-h200-s19-d2h{flag}{i}"]
+        + (D2H_VARIANTS["wide"] if flag == "on" else []))
        for i, flags in ((1, ("on", "off")), (2, ("off", "on"))) for flag in flags],
     # nvidia-h200 (session 18): bf16 / tf32 GEMMs of whole-width strips in column chunks
     # (mmacc.COL_CHUNK), kernels and products; then the largest row at HEAD (the record's
