@@ -130,6 +130,14 @@ def flatter(plan: GemmPlan, rates: Rates, layout: tuple[bool, bool]) -> GemmPlan
     if plan.est_seconds is None:
         return plan
     best = plan
+
+    def consider(tm: int, tn: int, fewest: int | None = None) -> None:
+        nonlocal best
+        if (tm, tn) != (best.tile_m, best.tile_n):
+            cand = whole_k(plan, tm, tn, rates, layout, fewest)
+            if better(cand, best):
+                best = cand
+
     for t in sorted(set(FLAT_SIDES) | set(STRIP_ROWS)):
         shapes = [(t, 2 * t), (t, 4 * t), (2 * t, t), (4 * t, t)] if t in FLAT_SIDES else []
         if t in STRIP_ROWS:
@@ -137,22 +145,14 @@ def flatter(plan: GemmPlan, rates: Rates, layout: tuple[bool, bool]) -> GemmPlan
             # (contiguous copies; session 13's probe: bf16 at 32768 in 184 ms against 190)
             shapes.append((t, plan.n))
         for tm, tn in shapes:
-            tm, tn = min(tm, plan.m), min(tn, plan.n)
-            if (tm, tn) != (best.tile_m, best.tile_n):
-                cand = whole_k(plan, tm, tn, rates, layout)
-                if better(cand, best):
-                    best = cand
+            consider(min(tm, plan.m), min(tn, plan.n))
     if layout[0] and plan.compute in TALL_TA and plan.m >= TALL_TA_MIN_M:
         # A stored K x M (op(A) = A.T, the weight gradient's shape): C tiles as whole-height
         # column strips make each of A's K pieces whole rows of A, one contiguous copy,
         # where an m-row panel's pieces are 2-D copies of m x 4-byte rows. Few tiles
         # still overlap here: each streams its K pieces, deep in this shape.
         for t in (2048, 4096, 8192, plan.n):
-            tn = min(t, plan.n)
-            if (plan.m, tn) != (best.tile_m, best.tile_n):
-                cand = whole_k(plan, plan.m, tn, rates, layout, fewest=1)
-                if better(cand, best):
-                    best = cand
+            consider(plan.m, min(t, plan.n), fewest=1)
     return best
 
 
