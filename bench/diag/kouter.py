@@ -125,32 +125,36 @@ def main() -> int:
         torch.mm(ko.dA, ko.dB)
         ts = median_s(lambda: torch.mm(ko.dA, ko.dB, out=ko.dC), 5, torch.cuda.synchronize)
         incore[c.name] = statistics.median(ts)
-        xts = {bd: CublasXt([0], block_dim=bd) for bd in ((8192,) if c.m == 16384 else (4096, 8192))}
+        xts = (8192,) if c.m == 16384 else (4096, 8192)
         spans: dict[str, list] = {}
 
         def timer(c, A, B, C, v):
+            xt = None
             if v == "outcore":
                 fn = lambda: matmul(A, B, C, compute="fp32")  # noqa: E731
             elif v.startswith("cublasxt-"):
-                xt = xts[int(v.split("-")[1])]
+                # one handle at a time, closed after its row (as bench/gemm.py does): two
+                # live handles beside this diag's 12 GiB at 32768 failed (cuBLAS status 14)
+                xt = CublasXt([0], block_dim=int(v.split("-")[1]))
                 fn = lambda: xt.gemm(A, B, C)  # noqa: E731
             else:
                 fracs, strip = VARIANTS[v]
                 fn = lambda: ko.run(fracs, strip)  # noqa: E731
-            fn()   # warm-up (the plan, the arena, cuBLASXt's buffers)
-            ko.spans.clear()
-            # each fn returns once C is in host memory: median_s needs no sync of its own
-            t = statistics.median(median_s(fn, runs, lambda: None))
+            try:
+                fn()   # warm-up (the plan, the arena, cuBLASXt's buffers)
+                ko.spans.clear()
+                # each fn returns once C is in host memory: median_s needs no sync of its own
+                t = statistics.median(median_s(fn, runs, lambda: None))
+            finally:
+                if xt is not None:
+                    xt.close()
             if ko.spans:
                 spans.setdefault(v, []).append(statistics.median(ko.spans))
+                print(f"  {v}: kernel span {spans[v][-1] * 1e3:.1f} ms", flush=True)
             return t, v
 
         names = ["outcore", *VARIANTS, *(f"cublasxt-{bd}" for bd in xts)]
-        try:
-            rows += ab_rounds(c, A, B, C, names, timer, ROUNDS[c.m], "outcore")
-        finally:
-            for xt in xts.values():
-                xt.close()
+        rows += ab_rounds(c, A, B, C, names, timer, ROUNDS[c.m], "outcore")
         for r in rows:
             if r["case"] == c.name and r["round"] == "median":
                 r["incore_s"] = incore[c.name]
