@@ -35,7 +35,19 @@ VARIANTS = {"planner": (None, 0),
             "tall-4096": ((16384, 4096, 16384, 2048), 0),
             "tall-4096-first512": ((16384, 4096, 16384, 2048), 512),
             "8192": ((8192, 8192, 16384, 2048), 0),
-            "8192-first1024": ((8192, 8192, 16384, 2048), 1024)}
+            "8192-first1024": ((8192, 8192, 16384, 2048), 1024),
+            # session 20: whole-width row strips, whose GEMMs (S x 16384 x 16384) ran 51.8
+            # (S = 2048) and 53.2 (8192) TFLOP/s in core against 51.3 for 4096^2 tiles
+            # (fp32-shapes-h200.json); B's pieces are contiguous row blocks
+            "wide-1024": ((1024, 16384, 16384, 2048), 0),
+            "wide-2048": ((2048, 16384, 16384, 2048), 0),
+            "wide-2048-first512": ((2048, 16384, 16384, 2048), 512),
+            "wide-8192": ((8192, 16384, 16384, 2048), 0),
+            "wide-8192-first512": ((8192, 16384, 16384, 2048), 512)}
+# FP32_TILES=name,name,... runs only those (and the planner's)
+if os.environ.get("FP32_TILES"):
+    VARIANTS = {k: v for k, v in VARIANTS.items()
+                if k == "planner" or k in os.environ["FP32_TILES"].split(",")}
 ROUNDS = 4
 
 
