@@ -460,6 +460,9 @@ def main() -> int:
                     "flat tiles and whole-width strips with (sets lone.FLAT_SIDES and "
                     "lone.STRIP_ROWS, as session 19's A/Bs ran; default 2048,4096,8192 and "
                     "1024,2048,4096,8192)")
+    ap.add_argument("--short-strip-max-m", type=int, help="largest M whose plans may take "
+                    "whole-width strips lone.SHORT_STRIP (512) rows tall "
+                    "(lone.SHORT_STRIP_MAX_M; default 16384 since session 20; 0: none)")
     ap.add_argument("--d2h-rows", choices=("on", "off"), help="whether the planner's model "
                     "charges C tiles narrower than C for their rows going out "
                     "(model.D2H_ROWS; default on)")
@@ -481,6 +484,8 @@ def main() -> int:
             setattr(lone, name, () if arg == "none" else tuple(arg.split(",")))
     if args.flat_sides:
         lone.FLAT_SIDES = lone.STRIP_ROWS = tuple(int(x) for x in args.flat_sides.split(","))
+    if args.short_strip_max_m is not None:
+        lone.SHORT_STRIP_MAX_M = args.short_strip_max_m
     import outcore.gemm.plan as plan_mod
     if args.max_strips:
         plan_mod.MAX_STRIPS = args.max_strips
@@ -558,7 +563,8 @@ def main() -> int:
         "a_rows": list(lone.A_ROWS), "b_rows": list(lone.B_ROWS),
         "b_rows_min_k": lone.B_ROWS_MIN_K, "tall_ta": list(lone.TALL_TA),
         "tall_ta_min_m": lone.TALL_TA_MIN_M, "flat_sides": list(lone.FLAT_SIDES),
-        "strip_rows": list(lone.STRIP_ROWS),
+        "strip_rows": list(lone.STRIP_ROWS), "short_strip": lone.SHORT_STRIP,
+        "short_strip_max_m": lone.SHORT_STRIP_MAX_M,
         "lone_accs": plan_mod.LONE_ACCS, "d2h_rows": model_mod.D2H_ROWS,
         "d2h_row_factor": [list(x) for x in model_mod.D2H_ROW_FACTOR],
         "elapsed_s": time.perf_counter() - t_start, "dropped": dropped,

@@ -51,6 +51,9 @@ D2H2_CASES = ",".join(["train-NT-t16384-f16384-bf16", "train-NT-t32768-f16384-bf
 BF16_CASES = ",".join(["bf16-32768"] + [f"train-{lay}-t{t}-f{f}-bf16"
                                         for t in (16384, 32768, 65536) for f in (8192, 16384)
                                         for lay in ("NT", "NN", "TN")])
+# the bf16 training shapes whose plans lone.SHORT_STRIP_MAX_M changes (session 20)
+SHORT_CASES = ",".join(f"train-{lay}-t16384-f{f}-bf16" for f in (8192, 16384)
+                       for lay in ("NT", "NN"))
 SIDE_VARIANTS = {"side1024": ["--flat-sides", "1024,2048,4096,8192"],
                  "side2048": ["--flat-sides", "2048,4096,8192"],
                  "side512": ["--flat-sides", "512,1024,2048,4096,8192"]}
@@ -236,6 +239,14 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
                  (330, PY + [B + "stream.py", "--cases", "7b-16k", "--systems", "fsdp2",
                              "--compiled", "--largest", "0", "--skip-tests", "--timeout",
                              "300", "--out", "stream-h200-s18-7b-fsdp2"])],
+    # nvidia-h200 (session 20): 512-row whole-width strips where M <= 16384
+    # (lone.SHORT_STRIP_MAX_M, the four bf16 shapes at 16384 tokens) against none, three
+    # pairs, the order alternating
+    "s20-short": [(90, PY + [B + "gemm.py", "--cases", SHORT_CASES, "--runs", "5", "--out",
+                              f"gemm-h200-s20-short{tag}-{i}", "--short-strip-max-m",
+                              "16384" if tag == "on" else "0"])
+                  for i, pair in ((1, ("on", "off")), (2, ("off", "on")), (3, ("on", "off")))
+                  for tag in pair],
     # nvidia-h200 (session 19, the last call): the two square cases whose targets sit in
     # the runs' spread, at HEAD's defaults, 7 runs each, twice (not the record: a sample
     # of the spread)

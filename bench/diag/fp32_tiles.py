@@ -62,6 +62,7 @@ def main() -> int:
         print("bench/diag/fp32_tiles.py needs a CUDA GPU", file=sys.stderr)
         return 2
     doc = common.header("fp32-tiles")
+    doc["env"] = {"FP32_TILES": os.environ.get("FP32_TILES")}   # not in the command
     c = next(x for x in square_cases(False) if x.name == "fp32-16384")
     A, B, C = (pin_(torch.empty(c.m, c.k)), pin_(torch.empty(c.k, c.n)),
                pin_(torch.empty(c.m, c.n)))

@@ -111,6 +111,7 @@ def main() -> int:
         print("bench/diag/kouter.py needs a CUDA GPU", file=sys.stderr)
         return 2
     doc = common.header("kouter")
+    doc["env"] = {"KOUTER_SIZES": os.environ.get("KOUTER_SIZES")}   # not in the command
     sizes = [int(s) for s in os.environ.get("KOUTER_SIZES", "16384,32768").split(",")]
     rows, incore = [], {}
     for c in [x for x in square_cases(False) if x.compute == "fp32" and x.m in sizes]:

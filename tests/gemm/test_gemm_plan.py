@@ -103,6 +103,20 @@ def test_narrow_c_rows_going_out_are_slow_in_the_model(monkeypatch):
     assert estimate_seconds(narrow, Rates(), layout=(False, True)) > 1.1 * fast
 
 
+def test_short_strips_only_where_m_is_small(monkeypatch):
+    """lone.SHORT_STRIP_MAX_M: the bf16 NT shape at 16384 tokens takes 512-row whole-width
+    strips (session 19: faster there), the same shape at 32768 tokens keeps 1024-row ones
+    (slower with 512 there), and with the rule off the short shape keeps 1024 too."""
+    from outcore.gemm import lone
+    kw = dict(host_dtype=F32, compute="bf16", budget=120 << 30, layout=(False, True))
+    short = make_plan(16384, 8192, 8192, **kw)
+    assert (short.tile_m, short.tile_n) == (lone.SHORT_STRIP, 8192), short.describe()
+    tall = make_plan(32768, 8192, 8192, **kw)
+    assert (tall.tile_m, tall.tile_n) == (1024, 8192), tall.describe()
+    monkeypatch.setattr(lone, "SHORT_STRIP_MAX_M", 0)
+    assert make_plan(16384, 8192, 8192, **kw).tile_m == 1024
+
+
 def test_budget_too_small_for_one_tile():
     with pytest.raises(ValueError, match="too small for one 64x64 tile.*smaller tile"):
         make_plan(1000, 1000, 1000, host_dtype=F32, compute="fp32", budget=10_000, tile=64)

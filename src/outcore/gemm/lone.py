@@ -28,6 +28,12 @@ FLAT_TILES = True
 # Each candidate costs a model run, so flat tiles keep their three sides.
 FLAT_SIDES: tuple[int, ...] = (2048, 4096, 8192)
 STRIP_ROWS: tuple[int, ...] = (1024, 2048, 4096, 8192)
+# Whole-width strips SHORT_STRIP rows tall are candidates too where M is at most
+# SHORT_STRIP_MAX_M (0: nowhere). Session 19's A/B of 512-row strips on every bf16 case
+# (gemm-h200-s19b-side{512,1024}-{1,2}.json): at 16384 tokens 1.04-1.11x (NN at 16384
+# features 0.99x), at 32768-65536 tokens with 8192 features 0.89-0.96x.
+SHORT_STRIP = 512
+SHORT_STRIP_MAX_M = 16384
 PIECE_FACTORS = (1, 2, 4, 8)          # copy pieces the model weighs, x the default piece
 # Computes whose plans may copy A's panels whole, in contiguous chunks of rows (plan.a_rows)
 # instead of K pieces (2-D copies of rows of 8-32 KiB: 34-49 GB/s alone on the H200 against
@@ -67,7 +73,8 @@ def settings() -> tuple:
     by itself): part of the plan cache's key, so a plan made under one setting is never
     served under another."""
     return (tuple(A_ROWS), tuple(B_ROWS), B_ROWS_MIN_K, tuple(FEW_WIDE), FEW_WIDE_TILES,
-            tuple(TALL_TA), TALL_TA_MIN_M, tuple(FLAT_SIDES), tuple(STRIP_ROWS))
+            tuple(TALL_TA), TALL_TA_MIN_M, tuple(FLAT_SIDES), tuple(STRIP_ROWS), SHORT_STRIP,
+            SHORT_STRIP_MAX_M)
 
 
 def whole_k(plan: GemmPlan, tm: int, tn: int, rates: Rates,
@@ -138,9 +145,10 @@ def flatter(plan: GemmPlan, rates: Rates, layout: tuple[bool, bool]) -> GemmPlan
             if better(cand, best):
                 best = cand
 
-    for t in sorted(set(FLAT_SIDES) | set(STRIP_ROWS)):
+    heights = set(STRIP_ROWS) | ({SHORT_STRIP} if plan.m <= SHORT_STRIP_MAX_M else set())
+    for t in sorted(set(FLAT_SIDES) | heights):
         shapes = [(t, 2 * t), (t, 4 * t), (2 * t, t), (4 * t, t)] if t in FLAT_SIDES else []
-        if t in STRIP_ROWS:
+        if t in heights:
             # whole-width row strips, whose B pieces are whole rows of a row-major B
             # (contiguous copies; session 13's probe: bf16 at 32768 in 184 ms against 190)
             shapes.append((t, plan.n))
