@@ -239,6 +239,10 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
                  (330, PY + [B + "stream.py", "--cases", "7b-16k", "--systems", "fsdp2",
                              "--compiled", "--largest", "0", "--skip-tests", "--timeout",
                              "300", "--out", "stream-h200-s18-7b-fsdp2"])],
+    # nvidia-h200 (session 20, after s20-short made the 512-row strips a default): the gemm
+    # GPU tests, then the run of record
+    "s20-record": [(90, PY + ["-m", "pytest", "-q", "tests/gemm/test_gemm_gpu.py"]),
+                   (330, PY + [B + "gemm.py", "--budget-s", "300"])],
     # nvidia-h200 (session 20): 512-row whole-width strips where M <= 16384
     # (lone.SHORT_STRIP_MAX_M, the four bf16 shapes at 16384 tokens) against none, three
     # pairs, the order alternating

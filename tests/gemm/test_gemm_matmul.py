@@ -122,3 +122,26 @@ def test_stats_phases_order_the_hosts_share():
     _, st = matmul(A, B, devices="cpu", tile=32, return_stats=True)
     ph = st.phases()
     assert 0 < ph["ready_s"] <= ph["issued_s"] <= ph["synced_s"] <= ph["wall_s"]
+    assert 0 <= ph["plan_s"] < ph["ready_s"]
+
+
+def test_stats_count_the_planners_search(monkeypatch):
+    """GemmStats.plan_s: the seconds make_plan took, inside the wall time, and named in the
+    summary where they count (a search of 50 ms here)."""
+    import importlib
+    import time
+
+    # the module: `outcore.gemm.matmul` as an attribute is the function it exports
+    matmul_mod = importlib.import_module("outcore.gemm.matmul")
+    real = matmul_mod.make_plan
+
+    def slow(*args, **kw):
+        time.sleep(0.05)
+        return real(*args, **kw)
+    monkeypatch.setattr(matmul_mod, "make_plan", slow)
+    A, B = torch.randn(96, 64), torch.randn(64, 80)
+    out, st = matmul(A, B, devices="cpu", tile=32, return_stats=True)
+    assert torch.allclose(out, A @ B, atol=1e-4)
+    assert 0.05 <= st.plan_s < st.wall_s
+    assert st.to_dict()["plan_s"] == st.plan_s
+    assert "planning took 0.05 s" in st.summary()

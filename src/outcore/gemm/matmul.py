@@ -134,6 +134,7 @@ def matmul(A, B, out=None, *, transa: bool = False, transb: bool = False, alpha:
     ta, tb = transa ^ ha.flipped, transb ^ hb.flipped
     kw = dict(host_dtype=dtype, compute=compute, budget=budget, tile=tile,
               device_type="cuda" if gpus else "cpu", layout=(ta, tb))
+    t_plan = time.perf_counter()
     try:
         whole = GemmJob(make_plan(m, n, k, n_devices=len(workers), **kw), ha, hb, hc,
                         ta=ta, tb=tb, alpha=alpha, beta=beta)
@@ -151,6 +152,7 @@ def matmul(A, B, out=None, *, transa: bool = False, transb: bool = False, alpha:
             raise
         raise OutcoreError(f"{e} (the gpu_memory={fmt_bytes(given)} given, less "
                            f"{fmt_bytes(given - budget)} kept for cuBLAS workspaces)") from None
+    stats.plan_s = time.perf_counter() - t_plan
     stats.plan = job.plan.describe()
     if helper:
         stats.plan += (f"; the CPU: C's last {m - band.r0} rows" if band.r0 < m else

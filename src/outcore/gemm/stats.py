@@ -38,6 +38,8 @@ class GemmStats:
     wall_s: float = 0.0
     devices: list[DeviceStats] = field(default_factory=list)
     t_start: float = 0.0     # host clock when the product's work began (after validation)
+    # seconds the planner's search took (0 for a plan it had cached: a repeated shape)
+    plan_s: float = 0.0
 
     def phases(self) -> dict:
         """Seconds from the start to the slowest device's ready / issued / synced stamps,
@@ -46,8 +48,9 @@ class GemmStats:
         def last(name):
             ts = [getattr(d, name) for d in self.devices if getattr(d, name)]
             return max(ts) - self.t_start if ts and self.t_start else None
-        return {"ready_s": last("t_ready"), "issued_s": last("t_issued"),
-                "synced_s": last("t_synced"), "wall_s": self.wall_s}
+        return {"plan_s": self.plan_s, "ready_s": last("t_ready"),
+                "issued_s": last("t_issued"), "synced_s": last("t_synced"),
+                "wall_s": self.wall_s}
 
     @property
     def flops(self) -> float:
@@ -70,6 +73,9 @@ class GemmStats:
                  f"{self.tflops:.2f} TFLOP/s, moved {fmt_bytes(self.h2d_bytes)} to and "
                  f"{fmt_bytes(self.d2h_bytes)} from the devices",
                  f"  plan: {self.plan}"]
+        if self.plan_s >= 0.01:
+            lines.append(f"  planning took {self.plan_s:.2f} s of the wall time (the first "
+                         "product of a shape; later ones reuse the plan)")
         for d in self.devices:
             lines.append(f"  {d.device}: {d.tiles} tiles, {d.gemms} GEMMs, "
                          f"h2d {fmt_bytes(d.h2d_bytes)}, d2h {fmt_bytes(d.d2h_bytes)}, "
@@ -79,6 +85,7 @@ class GemmStats:
 
     def to_dict(self) -> dict:
         return {"m": self.m, "n": self.n, "k": self.k, "compute": self.compute,
-                "wall_s": self.wall_s, "tflops": self.tflops, "h2d_bytes": self.h2d_bytes,
+                "wall_s": self.wall_s, "plan_s": self.plan_s, "tflops": self.tflops,
+                "h2d_bytes": self.h2d_bytes,
                 "d2h_bytes": self.d2h_bytes,
                 "tiles_per_device": {d.device: d.tiles for d in self.devices}}
