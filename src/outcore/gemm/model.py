@@ -116,66 +116,111 @@ def estimate_seconds(plan: GemmPlan, rates: Rates, depth: int = LONE_DEPTH,
                      layout: tuple[bool, bool] = (False, False)) -> float:
     """Seconds one device takes for `plan` under `rates`, at most `depth` tiles queued
     (see the module docstring). layout: whether A and B are stored transposed (op(A) = A.T),
-    which sets the row width of each piece's copy."""
+    which sets the row width of each piece's copy.
+
+    The planner runs this for every candidate (about 160 of them for bf16 at 32768, some
+    with thousands of pieces), so the per-piece work is kept to list lookups: each piece's
+    copy time is worked out once per panel shape, and a panel's landing times are kept in
+    a list by piece."""
     hb = _size(plan.host_dtype)
     kspans = spans(plan.k, plan.tile_k)
     pspans = [plan.pieces(k1 - k0) for k0, k1 in kspans]
-    avail: dict = {}
+    starts = [[p0 for p0, _ in ps] for ps in pspans]
+    ends = [[p1 for _, p1 in ps] for ps in pspans]
     link = comp = d2h = issue = 0.0
-
-    def need(key, nbytes, factor):
-        nonlocal link
-        if key not in avail:
-            link = max(link, issue) + nbytes / (rates.h2d * factor)
-            avail[key] = link
-        return avail[key]
-
     ta, tb = layout
     a_rows = plan.a_rows and not ta   # as DeviceWorker._by_rows
     b_rows = plan.b_rows and tb
     ab = _size(plan.acc_dtype)
-    known: dict = {}   # (rows, cols, kk) -> factors: few distinct shapes, many pieces
+    h2d = rates.h2d
+    # (panel rows or cols, K block) -> each piece's copy time (a list), or the whole
+    # block's (a float) where the block goes by rows
+    a_cost: dict = {}
+    b_cost: dict = {}
+    # (panel index, K block) -> each piece's landing time (None: not loaded), or the
+    # block's where it goes by rows
+    a_land: dict = {}
+    b_land: dict = {}
+    gemm_s: dict = {}   # (rows, cols, k) -> seconds of that GEMM, accumulator traffic and
+    #                     launch included, after its pieces have landed
 
-    def factors(pr, pc, kk):
-        """Row-width factors of the pieces, kk deep, of a pr-row A panel and pc-col B panel."""
-        key = (pr, pc, kk)
-        if key not in known:
-            fa = (row_factor(pr * hb, pr == plan.m) if ta
-                  else row_factor(kk * hb, kk == plan.k))
-            fb = (row_factor(kk * hb, kk == plan.k) if tb
-                  else row_factor(pc * hb, pc == plan.n))
-            known[key] = (fa, fb)
-        return known[key]
+    def costs(operand: str, size: int, kb: int):
+        """Copy seconds of the pieces of a `size`-row A panel (or `size`-col B panel) in
+        K block kb: nbytes / (h2d * row factor), as the link adds them up."""
+        kl = kspans[kb][1] - kspans[kb][0]
+        if a_rows if operand == "A" else b_rows:
+            return size * kl * hb / (h2d * row_factor(kl * hb, kl == plan.k))
+        out = []
+        for p0, p1 in pspans[kb]:
+            kk = p1 - p0
+            if operand == "A":
+                f = row_factor(size * hb, size == plan.m) if ta else \
+                    row_factor(kk * hb, kk == plan.k)
+            else:
+                f = row_factor(kk * hb, kk == plan.k) if tb else \
+                    row_factor(size * hb, size == plan.n)
+            out.append(size * kk * hb / (h2d * f))
+        return out
 
-    def gemm(t, kb, q0, q1, ready):
-        nonlocal comp
-        k = pspans[kb][q1 - 1][1] - pspans[kb][q0][0]
-        acc_rw = 2.0 * t.rows * t.cols * ab / rates.hbm
-        flops = 2.0 * t.rows * t.cols * k
-        comp = (max(comp, ready) + flops / kernel_rate(rates, plan.compute, t.rows, t.cols, k)
-                + acc_rw + rates.launch)
+    def panel(lands: dict, cost_of: dict, operand: str, idx: int, size: int, kb: int):
+        """(landing times, copy seconds) of one panel's pieces in K block kb: lists by
+        piece (a landing time None until loaded), or floats where the block goes by rows
+        (the landing time None until loaded)."""
+        cost = cost_of.get((size, kb))
+        if cost is None:
+            cost = cost_of[(size, kb)] = costs(operand, size, kb)
+        if isinstance(cost, float):
+            return lands.get((idx, kb)), cost
+        times = lands.get((idx, kb))
+        if times is None:
+            times = lands[(idx, kb)] = [None] * len(cost)
+        return times, cost
+
+    def load(lands: dict, idx: int, kb: int, times, cost, p: int) -> float:
+        """Piece p's landing time, loading it (or its whole block, by rows) if needed."""
+        nonlocal link
+        if isinstance(cost, float):
+            t = lands.get((idx, kb))
+            if t is None:
+                link = max(link, issue) + cost
+                t = lands[(idx, kb)] = link
+            return t
+        t = times[p]
+        if t is None:
+            link = max(link, issue) + cost[p]
+            t = times[p] = link
+        return t
 
     def run(t, kb, q0, q1):
         """Like DeviceWorker._gemm: the pieces' loads (whole panels: a strip's tile needs
         all of its panel), then GEMMs over runs of them cut by merged_end."""
+        nonlocal comp
         pr = min(plan.tile_m, plan.m - t.i * plan.tile_m)
         pc = min(plan.tile_n, plan.n - t.j * plan.tile_n)
-        ready = []
-        # a block by rows: all of it at its first need, in contiguous rows of the K block
-        kl = kspans[kb][1] - kspans[kb][0]
-        whole = row_factor(kl * hb, kl == plan.k) if a_rows or b_rows else 1.0
-        for p in range(q0, q1):
-            kk = pspans[kb][p][1] - pspans[kb][p][0]
-            fa, fb = factors(pr, pc, kk)
-            a = (need(("A", t.i, kb), pr * kl * hb, whole) if a_rows
-                 else need(("A", t.i, kb, p), pr * kk * hb, fa))
-            b = (need(("B", t.j, kb), pc * kl * hb, whole) if b_rows
-                 else need(("B", t.j, kb, p), pc * kk * hb, fb))
-            ready.append(max(a, b))
-        s = 0
-        while s < len(ready):
-            e = merged_end(ready, s, comp)
-            gemm(t, kb, q0 + s, q0 + e, max(ready[s:e]))
+        at, ac = panel(a_land, a_cost, "A", t.i, pr, kb)
+        bt, bc = panel(b_land, b_cost, "B", t.j, pc, kb)
+        a_all = at[q0:q1] if isinstance(ac, list) else None
+        b_all = bt[q0:q1] if isinstance(bc, list) else None
+        if (at is not None and bt is not None and (a_all is None or None not in a_all)
+                and (b_all is None or None not in b_all)):
+            # everything has landed already: no link time to add
+            ready = list(map(max, a_all or [at] * (q1 - q0), b_all or [bt] * (q1 - q0)))
+        else:
+            # pieces load in order, A's before B's at each piece (the worker's order)
+            ready = [max(load(a_land, t.i, kb, at, ac, p), load(b_land, t.j, kb, bt, bc, p))
+                     for p in range(q0, q1)]
+        s, n = 0, len(ready)
+        while s < n:
+            e = n if s == 0 and max(ready) <= comp else merged_end(ready, s, comp)
+            k = ends[kb][q0 + e - 1] - starts[kb][q0 + s]
+            key = (t.rows, t.cols, k)
+            g = gemm_s.get(key)
+            if g is None:
+                flops = 2.0 * t.rows * t.cols * k
+                acc_rw = 2.0 * t.rows * t.cols * ab / rates.hbm
+                g = gemm_s[key] = (flops / kernel_rate(rates, plan.compute, t.rows, t.cols, k),
+                                   acc_rw)
+            comp = max(comp, max(ready[s:e])) + g[0] + g[1] + rates.launch
             s = e
 
     tiles = plan.tiles()

@@ -257,8 +257,10 @@ def make_plan(m: int, n: int, k: int, *, host_dtype: torch.dtype, compute: str, 
     Plans are remembered (the last PLAN_CACHE of them, with the default rates): the search
     is serial before the first copy, and a training loop asks for the same shapes at every
     step. It has grown with the candidates since session 6 (~15 ms at 32768 in tf32 and
-    bf16 then): on the development machine's CPU in session 19, 0.96 s for bf16 at 32768,
-    0.64 s for tf32, 0.14 s for fp32, 5-16 ms at 16384 x 8192 x 8192. On the H200 an
+    bf16 then): on the development machine's CPU in session 20, 0.68 s for bf16 at 32768,
+    0.47 s for tf32, 0.08 s for fp32 (1.02, 0.64 and 0.15 s before the model's per-piece
+    work was cut down that session, with the same estimates to the last bit).
+    matmul's stats report it (GemmStats.plan_s). On the H200 an
     uncached search was once the gap between the planner's choice (270 TFLOP/s in tf32)
     and the same plan forced with `tile` (313); the benches time cached plans (their
     warm-up run makes them).
