@@ -239,6 +239,11 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
                  (330, PY + [B + "stream.py", "--cases", "7b-16k", "--systems", "fsdp2",
                              "--compiled", "--largest", "0", "--skip-tests", "--timeout",
                              "300", "--out", "stream-h200-s18-7b-fsdp2"])],
+    # nvidia-h200 (session 20, after the cache took each block at its own size): the gemm
+    # GPU tests, then the new picks against the old ones (tf32-32768; bf16-32768 under
+    # 16 and 8 GiB)
+    "s20-exact": [(90, PY + ["-m", "pytest", "-q", "tests/gemm/test_gemm_gpu.py"]),
+                  (200, PY + [B + "diag/exact_cache.py"])],
     # nvidia-h200 (session 20): the stream GPU tests and 3b-16k every system at HEAD (stream
     # untouched since session 18's record: a fresh sample of the missed 1.0x)
     "s20-16k": [(570, PY + [B + "stream.py", "--cases", "3b-16k", "--compiled", "--largest",

@@ -213,6 +213,31 @@ def test_flat_tiles_by_default_and_planned_apart(monkeypatch):
     assert make_plan(32768, 32768, 32768, **kw) is flat
 
 
+def test_a_plan_caching_every_block_counts_each_at_its_own_size():
+    """plan.caches_all: whole-width strips of bf16 at 32768 hold all of A and B (4 GiB in
+    bf16) plus their accumulators, not 33 slots of a B block's 2 GiB; so the planner takes
+    them under gpu_memory=8GiB too (before session 20: 4096 x 8192 tiles there)."""
+    p = make_plan(32768, 32768, 32768, host_dtype=F32, compute="bf16", budget=8 << 30)
+    assert (p.tile_m, p.tile_n) == (1024, 32768) and p.caches_all, p.describe()
+    assert (2 * 32768 * 32768) * 2 < p.device_bytes() <= 8 << 30
+    assert p.device_bytes() < p.n_slots * p.slot_numel * 2   # the old count: 66 GiB
+
+
+def test_the_exact_cache_takes_each_blocks_own_size():
+    """A product in whole-width strips on the CPU worker: the cache's buffers hold A and B
+    once (each block at its size), the product is exact, and nothing outgrows the plan."""
+    from outcore.gemm.matmul import matmul
+    A, B = torch.randn(64, 48, dtype=torch.float64), torch.randn(48, 96, dtype=torch.float64)
+    out, st = matmul(A, B, devices="cpu", tile=(8, 96), return_stats=True)
+    assert torch.allclose(out, A @ B)
+    plan = make_plan(64, 96, 48, host_dtype=torch.float64, compute="fp64", budget=1 << 30,
+                     device_type="cpu", tile=(8, 96))
+    assert plan.caches_all
+    acc_bytes = plan.n_acc * 8 * 96 * 8
+    assert st.devices[0].device_bytes <= (64 + 96) * 48 * 8 + acc_bytes
+    assert st.devices[0].device_bytes <= plan.device_bytes()
+
+
 def test_whole_width_strips_for_link_bound_products(monkeypatch):
     """Session 13: where the link bounds the product (bf16 at 32768) the planner may take
     C tiles as whole-width row strips, so that B's pieces are whole rows of B (contiguous

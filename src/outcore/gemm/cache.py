@@ -1,7 +1,10 @@
 """Per-device cache of A and B blocks (least recently used goes first).
 
     slot: a flat device buffer of max(tile_m, tile_n) x tile_k elements (compute dtype),
-          allocated on first use and reused for every block after (no allocator churn)
+          allocated on first use and reused for every block after (no allocator churn);
+          with `exact` (the plan caches every block: nothing is ever evicted) each slot is
+          its block's own size, so a whole-width strip's small A blocks do not take as
+          much memory as its large B block
     block ("A", i, kb): op(A) rows of panel i, K block kb; ("B", j, kb) likewise. Its
           device view is in the host's storage order (a transposed operand stays
           transposed, the GEMM takes it as a transposed view).
@@ -57,8 +60,10 @@ class BlockCache:
     first use (the worker's arena, arena.py).
     """
 
-    def __init__(self, n_slots: int, slot_numel: int, dtype: torch.dtype, alloc):
+    def __init__(self, n_slots: int, slot_numel: int, dtype: torch.dtype, alloc,
+                 exact: bool = False):
         self.slot_numel, self.dtype, self.alloc = slot_numel, dtype, alloc
+        self.exact = exact
         self._bufs: list[torch.Tensor | None] = [None] * n_slots
         self._free = list(range(n_slots - 1, -1, -1))
         self.blocks: OrderedDict[tuple, Block] = OrderedDict()
@@ -88,8 +93,10 @@ class BlockCache:
             del self.blocks[victim.key]
             slot, reuse_after = victim.slot, victim.last_use
             self.evictions += 1
-        if self._bufs[slot] is None:
-            self._bufs[slot] = self.alloc(self.slot_numel, self.dtype)
+        numel = shape[0] * shape[1] if self.exact else self.slot_numel
+        if self._bufs[slot] is None or self._bufs[slot].numel() < numel:
+            # (an exact slot is never taken over by another block: the plan caches all)
+            self._bufs[slot] = self.alloc(numel, self.dtype)
         view = self._bufs[slot][:shape[0] * shape[1]].view(shape)
         blk = Block(key, slot, view, k_on_rows, region, bounds, reuse_after=reuse_after, pins=1)
         self.blocks[key] = blk

@@ -88,12 +88,14 @@ def whole_k(plan: GemmPlan, tm: int, tn: int, rates: Rates,
         fewest = FEW_WIDE_TILES if plan.compute in FEW_WIDE else MIN_WIDE_TILES
     if cdiv(m, tm) * cdiv(n, tn) < fewest:
         return None
-    f = _fit(tm, tn, k, None, None, plan.host_dtype, plan.compute, plan.budget)
-    if f is None or f[0] < k:
+    # whole K asked for: _fit's own pick wants four blocks of the larger size in the
+    # budget, where every block cached at its own size is what this plan holds
+    f = _fit(tm, tn, k, k, None, plan.host_dtype, plan.compute, plan.budget)
+    if f is None:
         return None
     cb = _size(COMPUTE[plan.compute][0])
     blocks = cdiv(m, tm) + cdiv(n, tn)
-    if f[2] // (max(tm, tn) * k * cb) < blocks:
+    if f[2] < (m + n) * k * cb:   # every block cached, each at its own size
         return None
     cand = with_strips(GemmPlan(m, n, k, tm, tn, k, f[1], plan.compute, plan.host_dtype,
                                 n_slots=blocks, n_acc=2, budget=plan.budget), "cuda")

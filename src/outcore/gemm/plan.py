@@ -8,7 +8,9 @@ What one device holds (all of it counted against `budget`):
   C landing     2 x tile_m x tile_n in the host dtype, when it differs from the accumulator's
   copy landing  2 pieces in the host dtype, when the compute dtype differs (tiles are
                 converted on the device, so the host is never asked to convert)
-  cache         n_slots blocks of max(tile_m, tile_n) x tile_k in the compute dtype
+  cache         n_slots blocks of max(tile_m, tile_n) x tile_k in the compute dtype; where
+                every block is cached (`caches_all`), each block's own size instead: all
+                of op(A) and op(B), (M x K + K x N) elements, however the tiles are shaped
 
 The schedule is chosen here too (tile order, and for one device whether to stream the
 first part of K over all tiles first, see `estimate_seconds`), from the device rates in
@@ -137,6 +139,12 @@ class GemmPlan:
         return piece_spans(k_len, self.piece_k, self.first_piece)
 
     @property
+    def caches_all(self) -> bool:
+        """Every block of A and B has a slot of its own (nothing is evicted): the cache
+        sizes each slot by its block (BlockCache(exact=True))."""
+        return self.n_slots >= self.nk * (self.mt + self.nt)
+
+    @property
     def slot_numel(self) -> int:
         return max(self.tile_m, self.tile_n) * self.tile_k
 
@@ -158,9 +166,10 @@ class GemmPlan:
         return self.host_dtype != self.acc_dtype
 
     def device_bytes(self) -> int:
+        cached = ((self.m + self.n) * self.k if self.caches_all
+                  else self.n_slots * self.slot_numel)
         return _fixed_bytes(self.tile_m, self.tile_n, self.piece_k, self.n_acc, self.host_dtype,
-                            self.compute) + self.n_slots * self.slot_numel * _size(
-                                self.compute_dtype)
+                            self.compute) + cached * _size(self.compute_dtype)
 
     def tiles(self):
         """The C tiles in the order devices take them."""
@@ -344,7 +353,10 @@ def _search_tiles(m, n, k, host_dtype, compute, budget, tile, n_devices, device_
     tk, pk, room = fit
     mt, nt, nk = cdiv(m, tm), cdiv(n, tn), cdiv(k, tk)
     total_blocks = nk * (mt + nt)
-    n_slots = min(room // (max(tm, tn) * tk * cb), total_blocks)
+    # every block cached when all of op(A) and op(B) fit at their own sizes (a whole-width
+    # strip's A block is far smaller than its B block), else slots of the larger size
+    n_slots = (total_blocks if room >= (m + n) * k * cb
+               else min(room // (max(tm, tn) * tk * cb), total_blocks))
     plan = GemmPlan(m, n, k, tm, tn, tk, pk, compute, host_dtype, n_slots=int(n_slots), n_acc=2,
                     budget=budget)
     lone_device = n_devices == 1

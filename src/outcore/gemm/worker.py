@@ -112,7 +112,8 @@ class DeviceWorker(BlockLoads):
         # Buffer reuse: every buffer of this product is a view of one allocation (arena.py),
         # sized by the plan; the next product reuses its segment.
         self.arena = Arena(dev, p.device_bytes() + Arena.slack(p.n_slots + p.n_acc + 4))
-        self.cache = BlockCache(p.n_slots, p.slot_numel, p.compute_dtype, self.arena.take)
+        self.cache = BlockCache(p.n_slots, p.slot_numel, p.compute_dtype, self.arena.take,
+                                exact=p.caches_all)
         self.accs: list = [None] * p.n_acc
         self.acc_free: list = [None] * p.n_acc      # event: last reader of the accumulator
         self.cbufs: list = [None] * (2 if p.needs_cbuf else 0)
