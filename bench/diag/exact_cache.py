@@ -6,11 +6,14 @@ Session 20: where a plan caches every block of A and B, each cache slot now take
 block's own size (BlockCache(exact=True)), not the larger of the two blocks' sizes. A
 whole-width strip's plan for bf16 at 32768 (1024 x 32768 tiles) then holds 6.5 GiB where
 it was counted as 68.5, and the planner takes it under budgets that used to exclude it;
-tf32 at 32768 moves to 1024-row strips with a prologue (the model: 221 ms against 223)
-at the bench's budget. This times, alternating over ROUNDS rounds (median of RUNS after
-a warm-up each), each case's new pick (the planner's, printed) against the plan it made
-before (forced through `tile`, the planner choosing its piece and prologue as then):
-  tf32-32768 at the bench's budget: new 1024-row strips against 2048-row ones;
+so does tf32 its 2048-row strips. (This diag's first run, exact-cache-h200-s20a.json, had
+tf32 at the bench's budget in 1024-row strips with a prologue, the model's pick by 1%:
+0.92x the 2048-row ones, hence lone.MIN_STRIP_ROWS.) This times, alternating over
+ROUNDS rounds (median of RUNS after a warm-up each), each case's new pick (the
+planner's) against the tiles it took before (forced through `tile`; the planner picks
+their piece and prologue, so they may differ from then: each row records its plan):
+  tf32-32768 under gpu_memory=16GiB: new 2048-row strips (the bench's plan) against
+    8192^2 tiles;
   bf16-32768 under gpu_memory=16GiB: new 1024-row strips against 2048 x 8192 tiles;
   bf16-32768 under gpu_memory=8GiB: new 1024-row strips against 4096 x 8192 tiles.
 Round 0 checks two rows of each product against float64. Writes
@@ -33,7 +36,8 @@ from outcore.gemm import matmul  # noqa: E402
 from outcore.memory import pin_  # noqa: E402
 
 # case -> (gpu_memory, {variant: tile or None for the planner's})
-CASES = {"tf32-32768": (None, {"planner": None, "before": (2048, 32768, 32768, 8192)}),
+CASES = {"tf32-32768@16GiB": ("16GiB", {"planner": None,
+                                        "before": (8192, 8192, 32768, 8192)}),
          "bf16-32768@16GiB": ("16GiB", {"planner": None, "before": (2048, 8192, 32768)}),
          "bf16-32768@8GiB": ("8GiB", {"planner": None, "before": (4096, 8192, 32768)})}
 ROUNDS = 3

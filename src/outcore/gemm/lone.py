@@ -34,6 +34,11 @@ STRIP_ROWS: tuple[int, ...] = (1024, 2048, 4096, 8192)
 # features 0.99x), at 32768-65536 tokens with 8192 features 0.89-0.96x.
 SHORT_STRIP = 512
 SHORT_STRIP_MAX_M = 16384
+# The shortest whole-width strips a compute may take. Session 20: once the cache took each
+# block at its own size, tf32 at 32768 could hold 1024-row strips with a prologue (32
+# accumulators), the model's pick by 1%, and they ran 0.92x the 2048-row ones
+# (bench/diag/exact_cache.py, exact-cache-h200.json).
+MIN_STRIP_ROWS = {"tf32": 2048}
 PIECE_FACTORS = (1, 2, 4, 8)          # copy pieces the model weighs, x the default piece
 # Computes whose plans may copy A's panels whole, in contiguous chunks of rows (plan.a_rows)
 # instead of K pieces (2-D copies of rows of 8-32 KiB: 34-49 GB/s alone on the H200 against
@@ -74,7 +79,7 @@ def settings() -> tuple:
     served under another."""
     return (tuple(A_ROWS), tuple(B_ROWS), B_ROWS_MIN_K, tuple(FEW_WIDE), FEW_WIDE_TILES,
             tuple(TALL_TA), TALL_TA_MIN_M, tuple(FLAT_SIDES), tuple(STRIP_ROWS), SHORT_STRIP,
-            SHORT_STRIP_MAX_M)
+            SHORT_STRIP_MAX_M, tuple(sorted(MIN_STRIP_ROWS.items())))
 
 
 def whole_k(plan: GemmPlan, tm: int, tn: int, rates: Rates,
@@ -147,7 +152,9 @@ def flatter(plan: GemmPlan, rates: Rates, layout: tuple[bool, bool]) -> GemmPlan
             if better(cand, best):
                 best = cand
 
-    heights = set(STRIP_ROWS) | ({SHORT_STRIP} if plan.m <= SHORT_STRIP_MAX_M else set())
+    heights = {t for t in set(STRIP_ROWS) | ({SHORT_STRIP} if plan.m <= SHORT_STRIP_MAX_M
+                                              else set())
+               if t >= MIN_STRIP_ROWS.get(plan.compute, 0)}
     for t in sorted(set(FLAT_SIDES) | heights):
         shapes = [(t, 2 * t), (t, 4 * t), (2 * t, t), (4 * t, t)] if t in FLAT_SIDES else []
         if t in heights:
