@@ -55,6 +55,24 @@ def kernel_name(fn) -> str:
     return max(set(names), key=len) if names else "?"
 
 
+def per_call_s(fn, flops: float) -> tuple[float, int]:
+    """Seconds per call of `fn` (a GEMM of `flops`), the median of 5 samples of repeated
+    calls (about 40 ms of work each at 54 TFLOP/s) after a warm-up, and the repeats."""
+    reps = max(1, int(40e-3 * 54e12 / flops))
+    fn()
+    torch.cuda.synchronize()   # host sync: the warm-up is done before timing
+    samples = []
+    for _ in range(5):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        for _ in range(reps):
+            fn()
+        e.record()
+        e.synchronize()   # host sync: read the sample
+        samples.append(s.elapsed_time(e) / 1e3 / reps)
+    return statistics.median(samples), reps
+
+
 def main() -> int:
     if not torch.cuda.is_available():
         print("bench/diag/fp32_shapes.py needs a CUDA GPU", file=sys.stderr)
@@ -75,19 +93,7 @@ def main() -> int:
             else:
                 torch.mm(a, b, out=c)
         flops = 2.0 * m * n * k
-        reps = max(1, int(40e-3 * 54e12 / flops))
-        fn()
-        torch.cuda.synchronize()
-        samples = []
-        for _ in range(5):
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            for _ in range(reps):
-                fn()
-            e.record()
-            e.synchronize()   # host sync: read the sample
-            samples.append(s.elapsed_time(e) / 1e3 / reps)
-        t = statistics.median(samples)
+        t, reps = per_call_s(fn, flops)
         rows.append({"shape": name, "m": m, "n": n, "k": k, "beta": beta, "strided_a": strided,
                      "seconds": t, "tflops": flops / t / 1e12, "reps": reps,
                      "kernel": kernel_name(fn)})

@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import ctypes
 import os
-import statistics
 import sys
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # bench/
 import common  # noqa: E402
+from fp32_shapes import per_call_s  # noqa: E402
 
 from outcore.gemm.cudacopy import _loaded_lib  # noqa: E402
 
@@ -120,20 +120,8 @@ class Lt:
 
 
 def rate(fn, flops: float) -> float:
-    """TFLOP/s of fn: median of 5 samples of repeated calls (~40 ms of work each)."""
-    reps = max(1, int(40e-3 * 54e12 / flops))
-    fn()
-    torch.cuda.synchronize()   # host sync: the warm-up is done before timing
-    samples = []
-    for _ in range(5):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        for _ in range(reps):
-            fn()
-        e.record()
-        e.synchronize()   # host sync: read the sample
-        samples.append(s.elapsed_time(e) / 1e3 / reps)
-    return flops / statistics.median(samples) / 1e12
+    """TFLOP/s of fn, a GEMM of `flops` (fp32_shapes.per_call_s)."""
+    return flops / per_call_s(fn, flops)[0] / 1e12
 
 
 def shape_rows(lt: Lt, m: int, n: int, k: int) -> list[dict]:
