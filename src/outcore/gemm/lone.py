@@ -10,7 +10,7 @@ Each keeps a candidate only when the model says it is clearly faster.
 from __future__ import annotations
 
 from .model import KERNEL_FIT, Rates, estimate_seconds
-from .plan import (COMPUTE, MIN_PIECES, MIN_WIDE_TILES, GemmPlan, _fit, _replace, _size,
+from .plan import (MIN_PIECES, MIN_WIDE_TILES, GemmPlan, _fit, _replace, operand_bytes,
                    with_strips)
 from .tiles import cdiv
 
@@ -98,9 +98,8 @@ def whole_k(plan: GemmPlan, tm: int, tn: int, rates: Rates,
     f = _fit(tm, tn, k, k, None, plan.host_dtype, plan.compute, plan.budget)
     if f is None:
         return None
-    cb = _size(COMPUTE[plan.compute][0])
     blocks = cdiv(m, tm) + cdiv(n, tn)
-    if f[2] < (m + n) * k * cb:   # every block cached, each at its own size
+    if f[2] < operand_bytes(m, n, k, plan.compute):   # every block cached, at its own size
         return None
     cand = with_strips(GemmPlan(m, n, k, tm, tn, k, f[1], plan.compute, plan.host_dtype,
                                 n_slots=blocks, n_acc=2, budget=plan.budget), "cuda")
@@ -152,9 +151,8 @@ def flatter(plan: GemmPlan, rates: Rates, layout: tuple[bool, bool]) -> GemmPlan
             if better(cand, best):
                 best = cand
 
-    heights = {t for t in set(STRIP_ROWS) | ({SHORT_STRIP} if plan.m <= SHORT_STRIP_MAX_M
-                                              else set())
-               if t >= MIN_STRIP_ROWS.get(plan.compute, 0)}
+    heights = set(STRIP_ROWS) | ({SHORT_STRIP} if plan.m <= SHORT_STRIP_MAX_M else set())
+    heights = {t for t in heights if t >= MIN_STRIP_ROWS.get(plan.compute, 0)}
     for t in sorted(set(FLAT_SIDES) | heights):
         shapes = [(t, 2 * t), (t, 4 * t), (2 * t, t), (4 * t, t)] if t in FLAT_SIDES else []
         if t in heights:

@@ -166,10 +166,10 @@ class GemmPlan:
         return self.host_dtype != self.acc_dtype
 
     def device_bytes(self) -> int:
-        cached = ((self.m + self.n) * self.k if self.caches_all
-                  else self.n_slots * self.slot_numel)
+        cached = (operand_bytes(self.m, self.n, self.k, self.compute) if self.caches_all
+                  else self.n_slots * self.slot_numel * _size(self.compute_dtype))
         return _fixed_bytes(self.tile_m, self.tile_n, self.piece_k, self.n_acc, self.host_dtype,
-                            self.compute) + cached * _size(self.compute_dtype)
+                            self.compute) + cached
 
     def tiles(self):
         """The C tiles in the order devices take them."""
@@ -201,6 +201,12 @@ class GemmPlan:
 
 def _size(dtype: torch.dtype) -> int:
     return dtype.itemsize
+
+
+def operand_bytes(m: int, n: int, k: int, compute: str) -> int:
+    """Bytes of all of op(A) (M x K) and op(B) (K x N) in the compute dtype: what the cache
+    holds when it holds every block, whatever the tiles' shape."""
+    return (m + n) * k * _size(COMPUTE[compute][0])
 
 
 def _fixed_bytes(tm, tn, pk, n_acc, host_dtype, compute) -> int:
@@ -268,11 +274,10 @@ def make_plan(m: int, n: int, k: int, *, host_dtype: torch.dtype, compute: str, 
     step. It has grown with the candidates since session 6 (~15 ms at 32768 in tf32 and
     bf16 then): on the development machine's CPU in session 20, 0.68 s for bf16 at 32768,
     0.47 s for tf32, 0.08 s for fp32 (1.02, 0.64 and 0.15 s before the model's per-piece
-    work was cut down that session, with the same estimates to the last bit).
-    matmul's stats report it (GemmStats.plan_s). On the H200 an
-    uncached search was once the gap between the planner's choice (270 TFLOP/s in tf32)
-    and the same plan forced with `tile` (313); the benches time cached plans (their
-    warm-up run makes them).
+    work was cut down that session, with the same estimates to the last bit). matmul's
+    stats report it (GemmStats.plan_s). On the H200 an uncached search was once the gap
+    between the planner's choice (270 TFLOP/s in tf32) and the same plan forced with
+    `tile` (313); the benches time cached plans (their warm-up run makes them).
     """
     tile = _tile_arg(tile)   # hashable, and a bad tile is reported before any lookup
     from . import lone, model
@@ -355,7 +360,7 @@ def _search_tiles(m, n, k, host_dtype, compute, budget, tile, n_devices, device_
     total_blocks = nk * (mt + nt)
     # every block cached when all of op(A) and op(B) fit at their own sizes (a whole-width
     # strip's A block is far smaller than its B block), else slots of the larger size
-    n_slots = (total_blocks if room >= (m + n) * k * cb
+    n_slots = (total_blocks if room >= operand_bytes(m, n, k, compute)
                else min(room // (max(tm, tn) * tk * cb), total_blocks))
     plan = GemmPlan(m, n, k, tm, tn, tk, pk, compute, host_dtype, n_slots=int(n_slots), n_acc=2,
                     budget=budget)
