@@ -241,7 +241,7 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
                              "300", "--out", "stream-h200-s18-7b-fsdp2"])],
     # nvidia-h200 (written in session 20, not run yet): the fp32 algorithms cuBLASLt offers
     # for outcore's tile shapes, timed beside torch's GEMM
-    "lt-algos": [(240, PY + [B + "diag/lt_algos.py"])],
+    "lt-algos": [(420, PY + [B + "diag/lt_algos.py"])],
     # nvidia-h200 (session 20, after the cache took each block at its own size): the gemm
     # GPU tests, then the new picks against the old ones (tf32-32768; bf16-32768 under
     # 16 and 8 GiB)

@@ -10,7 +10,9 @@ tiles on an `sm80_xmma_gemm_..._ffma` kernel (50.1-51.3; fp32-shapes-h200.json).
 cuBLASLt's heuristic for up to REQUESTED algorithms for each tile shape (fp32 compute, no
 TF32, accumulating: beta = 1) and times every one it offers (CUDA events over repeated
 calls, median of 5 samples), beside torch's own GEMM of the same shape; each algorithm is
-named by its config attributes (id, tile, split-K, stages). If one runs the 4096^2 x 16384
+named by its config attributes (id, tile, split-K, stages). Then it sweeps every algorithm
+id, tile and stage count cuBLASLt accepts for the 4096^2 tiles (no split-K; a quick screen,
+the fastest few timed fully), since the heuristic may not offer the SIMT kernel. If one runs the 4096^2 x 16384
 tiles near 54 TFLOP/s, a worker path that calls cuBLASLt with that algorithm could close
 most of the 8 ms. Writes bench/results/lt-algos-<machine>.json, a table last.
 """
@@ -20,6 +22,7 @@ from __future__ import annotations
 import ctypes
 import os
 import sys
+import time
 
 import torch
 
@@ -37,6 +40,10 @@ COMPUTE_32F, R_32F = 68, 0                    # cublasComputeType_t, cudaDataTyp
 PREF_MAX_WORKSPACE = 1                        # cublasLtMatmulPreferenceAttributes_t
 CONFIG = {"id": 0, "tile": 1, "splitk": 2, "reduction": 3, "swizzle": 4, "custom": 5,
           "stages": 6}                        # cublasLtMatmulAlgoConfigAttributes_t
+CAP_TILE_IDS, CAP_STAGES_IDS = 6, 13          # cublasLtMatmulAlgoCapAttributes_t
+SWEEP_SHAPES = [(4096, 4096, 16384), (4096, 4096, 2048)]
+SWEEP_S = 90.0                                # the sweep's screening time per shape, at most
+SWEEP_TOP = 6                                 # configs per shape timed fully after the screen
 
 
 class Algo(ctypes.Structure):
@@ -119,6 +126,60 @@ class Lt:
             "cublasLtMatmul")
 
 
+    def ids(self) -> list[int]:
+        """Every algorithm id cuBLASLt has for fp32 in, out and compute."""
+        got, count = (ctypes.c_int * 256)(), ctypes.c_int()
+        _check(self.lib.cublasLtMatmulAlgoGetIds(self.handle, COMPUTE_32F, R_32F, R_32F, R_32F,
+                                                 R_32F, R_32F, 256, got, ctypes.byref(count)),
+               "AlgoGetIds")
+        return list(got[:count.value])
+
+    def caps(self, algo: Algo, attr: int) -> list[int]:
+        """An array-valued capability of `algo` (tile ids, stage ids)."""
+        size = ctypes.c_size_t()
+        self.lib.cublasLtMatmulAlgoCapGetAttribute(ctypes.byref(algo), attr, None, 0,
+                                                   ctypes.byref(size))
+        n = size.value // 4
+        if n == 0:
+            return []
+        buf = (ctypes.c_uint32 * n)()
+        _check(self.lib.cublasLtMatmulAlgoCapGetAttribute(ctypes.byref(algo), attr, buf, 4 * n,
+                                                          ctypes.byref(size)), "CapGetAttribute")
+        return list(buf)
+
+    def configured(self, desc, la, lb, lc, algo_id: int, tile: int | None,
+                   stages: int | None) -> Heuristic | None:
+        """Algorithm `algo_id` with this tile and stage count, if cuBLASLt accepts it for
+        the problem (cublasLtMatmulAlgoCheck), with the workspace it needs."""
+        algo, h = Algo(), Heuristic()
+        if self.lib.cublasLtMatmulAlgoInit(self.handle, COMPUTE_32F, R_32F, R_32F, R_32F, R_32F,
+                                           R_32F, algo_id, ctypes.byref(algo)) != 0:
+            return None
+        for attr, val in ((CONFIG["tile"], tile), (CONFIG["stages"], stages),
+                          (CONFIG["splitk"], 1)):
+            if val is not None:
+                v = ctypes.c_uint32(val)
+                if self.lib.cublasLtMatmulAlgoConfigSetAttribute(
+                        ctypes.byref(algo), attr, ctypes.byref(v), 4) != 0:
+                    return None
+        if self.lib.cublasLtMatmulAlgoCheck(self.handle, desc, la, lb, lc, lc,
+                                            ctypes.byref(algo), ctypes.byref(h)) != 0:
+            return None
+        h.algo = algo
+        return h if h.workspaceSize <= WORKSPACE else None
+
+
+def screen_s(fn) -> float:
+    """Seconds of one call of fn after one warm-up call: a quick, rough figure."""
+    fn()
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    s.record()
+    fn()
+    e.record()
+    e.synchronize()   # host sync: read the figure
+    return s.elapsed_time(e) / 1e3
+
+
 def rate(fn, flops: float) -> float:
     """TFLOP/s of fn, a GEMM of `flops` (fp32_shapes.per_call_s)."""
     return flops / per_call_s(fn, flops)[0] / 1e12
@@ -149,6 +210,52 @@ def shape_rows(lt: Lt, m: int, n: int, k: int) -> list[dict]:
     return rows
 
 
+def sweep_rows(lt: Lt, m: int, n: int, k: int) -> list[dict]:
+    """Every (algorithm id, tile, stages) cuBLASLt accepts for c += a @ b at this shape,
+    without split-K: each screened by one timed call (for at most SWEEP_S seconds in all),
+    the SWEEP_TOP fastest then timed as the heuristic's are."""
+    a, b = torch.randn(m, k, device="cuda"), torch.randn(k, n, device="cuda")
+    c = torch.zeros(m, n, device="cuda")
+    flops = 2.0 * m * n * k
+    ref = torch.addmm(c, a, b)
+    desc, la, lb, lc = lt.problem(m, n, k)
+    screened, start = [], time.perf_counter()
+    for algo_id in lt.ids():
+        probe = Algo()
+        if lt.lib.cublasLtMatmulAlgoInit(lt.handle, COMPUTE_32F, R_32F, R_32F, R_32F, R_32F,
+                                         R_32F, algo_id, ctypes.byref(probe)) != 0:
+            continue
+        for tile in lt.caps(probe, CAP_TILE_IDS) or [None]:
+            for stages in lt.caps(probe, CAP_STAGES_IDS) or [None]:
+                if time.perf_counter() - start > SWEEP_S:
+                    break
+                h = lt.configured(desc, la, lb, lc, algo_id, tile, stages)
+                if h is None:
+                    continue
+                try:
+                    secs = screen_s(lambda: lt.matmul(desc, la, lb, lc, a, b, c, h.algo,
+                                                      h.workspaceSize))
+                except RuntimeError:
+                    continue   # accepted by the check, refused by the call: not a candidate
+                screened.append((secs, algo_id, tile, stages, h))
+    screened.sort(key=lambda t: t[0])
+    print(f"{m}x{n}x{k}: {len(screened)} configs screened in "
+          f"{time.perf_counter() - start:.0f} s", flush=True)
+    rows = []
+    for secs, algo_id, tile, stages, h in screened[:SWEEP_TOP]:
+        c.zero_()
+        lt.matmul(desc, la, lb, lc, a, b, c, h.algo, h.workspaceSize)
+        err = ((c - ref).abs().max() / ref.abs().max()).item()   # host sync: the check
+        row = {"m": m, "n": n, "k": k, "algo": f"sweep-{algo_id}", "config": lt.config(h.algo),
+               "screen_tflops": flops / secs / 1e12, "rel_err": err,
+               "tflops": (rate(lambda: lt.matmul(desc, la, lb, lc, a, b, c, h.algo,
+                                                 h.workspaceSize), flops)
+                          if err < 1e-4 else None)}
+        rows.append(row)
+        print(row, flush=True)
+    return rows
+
+
 def main() -> int:
     if not torch.cuda.is_available():
         print("bench/diag/lt_algos.py needs a CUDA GPU", file=sys.stderr)
@@ -161,6 +268,9 @@ def main() -> int:
     for m, n, k in SHAPES:
         rows += shape_rows(lt, m, n, k)
         torch.cuda.empty_cache()   # this shape's operands are gone: free them for the next
+    for m, n, k in SWEEP_SHAPES:
+        rows += sweep_rows(lt, m, n, k)
+        torch.cuda.empty_cache()   # as above
     doc["runs"] = rows
     common.write(doc, f"lt-algos-{common.machine_name()}")
     print(common.table(rows, ["m", "n", "k", "algo", "tflops", "config"]))
