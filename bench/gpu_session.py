@@ -242,6 +242,10 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
     # nvidia-h200 (written in session 20, not run yet): the fp32 algorithms cuBLASLt offers
     # for outcore's tile shapes, timed beside torch's GEMM
     "lt-algos": [(420, PY + [B + "diag/lt_algos.py"])],
+    # nvidia-h200 (session 21): the gemm GPU tests with fp32 GEMMs through cuBLASLt's
+    # configured kernel (outcore.gemm.ltmm), then every fp32 bench case with it on and off
+    "s21-lt": [(120, PY + ["-m", "pytest", "-q", "tests/gemm/test_gemm_gpu.py"]),
+               (440, PY + [B + "diag/lt_ab.py"])],
     # nvidia-h200 (session 20, after the cache took each block at its own size): the gemm
     # GPU tests, then the new picks against the old ones (tf32-32768; bf16-32768 under
     # 16 and 8 GiB)

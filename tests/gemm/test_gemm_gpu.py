@@ -213,3 +213,49 @@ def test_a_linear_layers_three_products_stay_within_gpu_memory():
     assert torch.cuda.max_memory_reserved() - base <= budget
     ref = torch.nn.functional.linear(x.detach(), layer.weight.detach(), layer.bias.detach())
     torch.testing.assert_close(layer(x).detach(), ref, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("ta", [False, True])
+@pytest.mark.parametrize("tb", [False, True])
+def test_the_cublaslt_fp32_path_matches_float64(ta, tb):
+    """ltmm.addmm on slices like the worker's (transposed blocks, a piece of the depth):
+    used on the GPUs it was measured on, exact to fp32 against float64, beta 0 and 1."""
+    from outcore.gemm import ltmm
+    g = torch.Generator().manual_seed(3)
+    m, n, k, kk = 640, 768, 1024, 512
+    a = torch.randn(k, m, generator=g).t() if ta else torch.randn(m, k, generator=g)
+    b = torch.randn(n, k, generator=g).t() if tb else torch.randn(k, n, generator=g)
+    c0 = torch.randn(m, n, generator=g)
+    a_d, b_d = a.cuda(), b.cuda()              # .cuda() keeps the transposed strides
+    acc = torch.full((m, n), float("nan"), device="cuda")
+    before = ltmm.calls
+    expect = ltmm.ENABLED and torch.cuda.get_device_capability() in ltmm.CAPABILITIES
+    assert torch.get_float32_matmul_precision() == "highest"
+    ran0 = ltmm.addmm(acc, a_d[:, :kk], b_d[:kk], 0.5, 0.0)     # NaN in acc is not read
+    if not ran0:
+        acc.zero_().addmm_(a_d[:, :kk], b_d[:kk], alpha=0.5)
+    acc1 = c0.cuda()
+    ran1 = ltmm.addmm(acc1, a_d[:, kk:], b_d[kk:], 1.0, 1.0)
+    if not ran1:
+        acc1.addmm_(a_d[:, kk:], b_d[kk:])
+    assert ran0 == ran1 == expect and ltmm.calls == before + 2 * expect
+    a64, b64 = a.double(), b.double()
+    for got, ref in ((acc, 0.5 * a64[:, :kk] @ b64[:kk]),
+                     (acc1, c0.double() + a64[:, kk:] @ b64[kk:])):
+        err = (got.cpu().double() - ref).abs().max() / ref.abs().max()
+        assert err < 2e-6, err
+
+
+def test_outcore_fp32_products_take_the_cublaslt_path_where_measured():
+    from outcore.gemm import ltmm
+    A, B, C = _data(1024, 1280, 1536, pinned=False)
+    before = ltmm.calls
+    matmul(A, B, C, devices=0, compute="fp32", tile=(512, 640))
+    check_close(C, A.double().numpy(), B.double().numpy(), None, 1.0, 0.0, "fp32")
+    used = ltmm.calls - before
+    if ltmm.ENABLED and torch.cuda.get_device_capability() in ltmm.CAPABILITIES:
+        assert used > 0
+    else:
+        assert used == 0
+    matmul(A, B, C, devices=0, compute="tf32", tile=(512, 640))   # TF32: cuBLAS's own pick
+    assert ltmm.calls - before == used

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from . import ltmm
+
 _OUT_DTYPE_OK: dict[str, bool] = {}
 # Columns one GEMM call covers at most (0: the whole width of its C tile), for operands of
 # these dtypes. Opt-in, and measured no faster (session 18, bench/diag/gemm_split.py,
@@ -37,7 +39,8 @@ def _mm_acc(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor, alpha: float,
     if a.dtype == acc.dtype:
         # (a tile's first GEMM as torch.mm(out=) instead ran no faster on the H200: session
         # 11's probe, gemm-probe-h200.json, kernels "mm" and "addmm0", case "mm-first")
-        acc.addmm_(a, b, beta=beta, alpha=alpha)
+        if not ltmm.addmm(acc, a, b, alpha, beta):     # fp32 on an H200: a faster kernel
+            acc.addmm_(a, b, beta=beta, alpha=alpha)
         return
     kind = acc.device.type
     if kind == "cpu":
