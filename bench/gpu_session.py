@@ -243,7 +243,11 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
     # for outcore's tile shapes, timed beside torch's GEMM
     "lt-algos": [(420, PY + [B + "diag/lt_algos.py"])],
     # nvidia-h200 (session 21): the gemm GPU tests with fp32 GEMMs through cuBLASLt's
-    # configured kernel (outcore.gemm.ltmm), then every fp32 bench case with it on and off
+    # configured kernel (outcore.gemm.ltmm), then the whole gemm bench (the run of record)
+    "s21-record": [(120, PY + ["-m", "pytest", "-q", "tests/gemm/test_gemm_gpu.py"]),
+                   (420, PY + [B + "gemm.py", "--budget-s", "330"])],
+    # nvidia-h200 (session 21): the gemm GPU tests, then every fp32 bench case with
+    # outcore.gemm.ltmm on and off
     "s21-lt": [(120, PY + ["-m", "pytest", "-q", "tests/gemm/test_gemm_gpu.py"]),
                (440, PY + [B + "diag/lt_ab.py"])],
     # nvidia-h200 (session 20, after the cache took each block at its own size): the gemm

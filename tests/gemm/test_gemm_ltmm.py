@@ -35,9 +35,8 @@ def test_the_operands_compute_the_product(ta, tb, pad):
     m, n, k = 300, 270, 290
     a, b = _views(m, n, k, ta, tb, pad)
     acc = torch.zeros(m, n + pad, dtype=torch.float64)[:, :n]
-    key = ltmm.problem_key(acc, a, b)
-    assert key is not None
-    lb, la, ldc = key
+    assert (ltmm.problem_key(acc, a, b) is None) == tb   # b column-contiguous: cuBLAS's
+    lb, la, ldc = ltmm.operands(acc, a, b)
     # cuBLASLt computes D (n x m, column-major, ld ldc) = op(B-side) @ op(A-side)
     d = _colmajor(b, lb) @ _colmajor(a, la)
     assert d.shape == (n, m) and ldc == n + pad
@@ -47,9 +46,10 @@ def test_the_operands_compute_the_product(ta, tb, pad):
 def test_layouts_it_cannot_take():
     x = torch.zeros(512, 512)
     assert ltmm.lt_operand(x[:, ::2]) is None                    # neither stride is 1
-    assert ltmm.problem_key(torch.zeros(128, 512), torch.zeros(128, 512), x) is None  # small m
+    assert ltmm.operands(torch.zeros(128, 512), torch.zeros(128, 512), x) is None  # small m
     acc_t = torch.zeros(512, 512).t()                             # C must be row-major
-    assert ltmm.problem_key(acc_t, x, x) is None
+    assert ltmm.operands(acc_t, x, x) is None
+    assert ltmm.operands(x, x, x) is not None
 
 
 def test_it_stands_aside_off_the_gpu_and_for_other_dtypes():

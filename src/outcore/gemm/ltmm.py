@@ -6,12 +6,14 @@ on an `sm80_xmma_gemm_..._ffma` kernel at 50.0-51.4 TFLOP/s, and only whole prod
 on CUTLASS's SIMT 256 x 128 kernel at 54. cuBLASLt's heuristic does not offer that kernel for
 the tiles either; asked for it by configuration (algorithm 55, tile 256 x 128, stages id 31:
 `bench/diag/lt_algos.py`, lt-algos-h200.json, session 21) it runs them at 53.3 and 52.2 TFLOP/s.
+Whole products (`bench/diag/lt_ab.py`, lt-ab-h200.json): fp32-16384 171 ms against 177,
+fp32-32768 1.02x, the NN and TN training shapes 1.02-1.04x, the NT ones 0.97x (so not those).
 
 `addmm(acc, a, b, alpha, beta)` does `acc = alpha * a @ b + beta * acc` that way and returns
 True, or returns False (nothing done) where it does not apply: not fp32 in and out, TF32
 allowed, not a GPU this was measured on (CAPABILITIES), a dimension under MIN_DIM, an operand
-neither row- nor column-contiguous, or cuBLASLt refusing the configuration (it checks it
-per problem: cublasLtMatmulAlgoCheck). The caller then runs torch's GEMM. OUTCORE_GEMM_LT=0
+neither row- nor column-contiguous, b column-contiguous (measured slower), or cuBLASLt
+refusing the configuration (it checks it per problem: cublasLtMatmulAlgoCheck). The caller then runs torch's GEMM. OUTCORE_GEMM_LT=0
 turns it off.
 
 Layout: torch tensors are row-major; cuBLASLt's are column-major. A row-major X (r x c) with
@@ -73,7 +75,7 @@ def lt_operand(x: torch.Tensor) -> Operand | None:
     return None
 
 
-def problem_key(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> tuple | None:
+def operands(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> tuple | None:
     """(B's operand, A's operand, C^T's ld) for acc (m x n) = a (m x k) @ b (k x n), or
     None where the shapes or strides rule cuBLASLt out."""
     if min(a.shape[0], a.shape[1], b.shape[1]) < MIN_DIM or acc.stride(1) != 1 \
@@ -83,6 +85,14 @@ def problem_key(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> tuple | 
     if lb is None or la is None:
         return None
     return lb, la, acc.stride(0)
+
+
+def problem_key(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> tuple | None:
+    """operands(), where the configured kernel was measured faster: not with b
+    column-contiguous (the NT products' blocks), 3% slower there than cuBLAS's pick in all
+    six fp32 NT training shapes (lt-ab-h200.json)."""
+    key = operands(acc, a, b)
+    return None if key is None or key[0].op == _OP_T else key
 
 
 class _Lt:
