@@ -246,6 +246,16 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
     # configured kernel (outcore.gemm.ltmm), then the whole gemm bench (the run of record)
     "s21-record": [(120, PY + ["-m", "pytest", "-q", "tests/gemm/test_gemm_gpu.py"]),
                    (420, PY + [B + "gemm.py", "--budget-s", "330"])],
+    # nvidia-h200 (session 21): with fp32 GEMMs through ltmm, the configured kernel's rate
+    # on other tile shapes, fp32-16384 in other tiles, and fp32-16384 against cuBLASXt with
+    # 7 runs each (how far cuBLASXt's figure moves)
+    "s21-tiles": [(150, ["env", "LT_SWEEP=4096x16384x2048,2048x16384x2048,8192x8192x2048,"
+                         "16384x4096x2048,1024x4096x16384,4096x4096x1024,8192x8192x16384"]
+                   + PY + [B + "diag/lt_algos.py"]),
+                  (150, ["env", "FP32_TILES=tall-4096,8192,wide-2048,wide-4096,wide-8192,"
+                         "planner-first1024"] + PY + [B + "diag/fp32_tiles.py"]),
+                  (150, PY + [B + "gemm.py", "--cases", "fp32-16384", "--no-train", "--runs",
+                              "7", "--out", "gemm-h200-s21-16k"])],
     # nvidia-h200 (session 21): the gemm GPU tests, then every fp32 bench case with
     # outcore.gemm.ltmm on and off
     "s21-lt": [(120, PY + ["-m", "pytest", "-q", "tests/gemm/test_gemm_gpu.py"]),

@@ -43,7 +43,11 @@ VARIANTS = {"planner": (None, 0),
             "wide-2048": ((2048, 16384, 16384, 2048), 0),
             "wide-2048-first512": ((2048, 16384, 16384, 2048), 512),
             "wide-8192": ((8192, 16384, 16384, 2048), 0),
-            "wide-8192-first512": ((8192, 16384, 16384, 2048), 512)}
+            "wide-8192-first512": ((8192, 16384, 16384, 2048), 512),
+            # session 21 (fp32 GEMMs through outcore.gemm.ltmm): whole-width 4096-row strips,
+            # and the planner's tiles with a shallow first piece or 8 strips at the end
+            "wide-4096": ((4096, 16384, 16384, 2048), 0),
+            "planner-first1024": (None, 1024)}
 # FP32_TILES=name,name,... runs only those (and the planner's)
 if os.environ.get("FP32_TILES"):
     VARIANTS = {k: v for k, v in VARIANTS.items()

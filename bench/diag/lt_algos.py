@@ -42,6 +42,11 @@ CONFIG = {"id": 0, "tile": 1, "splitk": 2, "reduction": 3, "swizzle": 4, "custom
           "stages": 6}                        # cublasLtMatmulAlgoConfigAttributes_t
 CAP_TILE_IDS, CAP_STAGES_IDS = 6, 13          # cublasLtMatmulAlgoCapAttributes_t
 SWEEP_SHAPES = [(4096, 4096, 16384), (4096, 4096, 2048)]
+# LT_SWEEP=MxNxK,... sweeps those shapes instead and skips the heuristic's list; the file
+# is then lt-algos-<machine>-sweep.json
+if os.environ.get("LT_SWEEP"):
+    SHAPES = []
+    SWEEP_SHAPES = [tuple(int(x) for x in s.split("x")) for s in os.environ["LT_SWEEP"].split(",")]
 SWEEP_S = 90.0                                # the sweep's screening time per shape, at most
 SWEEP_TOP = 6                                 # configs per shape timed fully after the screen
 
@@ -272,7 +277,7 @@ def main() -> int:
         rows += sweep_rows(lt, m, n, k)
         torch.cuda.empty_cache()   # as above
     doc["runs"] = rows
-    common.write(doc, f"lt-algos-{common.machine_name()}")
+    common.write(doc, f"lt-algos-{common.machine_name()}" + ("-sweep" if not SHAPES else ""))
     print(common.table(rows, ["m", "n", "k", "algo", "tflops", "config"]))
     return 0
 
