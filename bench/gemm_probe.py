@@ -133,6 +133,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--first", type=int, help="only the first N entries of CASES")
     ap.add_argument("--no-kernels", action="store_true", help="skip the in-core kernels")
+    ap.add_argument("--only", help="only this case of CASES, e.g. fp32-16384")
     ap.add_argument("--out", default=f"gemm-probe-{common.machine_name()}",
                     help="results name under bench/results/")
     args = ap.parse_args()
@@ -143,6 +144,8 @@ def main() -> int:
         fill_(b)
     bufs = [pin_(b) for b in bufs]         # pinned once, as in bench/gemm.py
     for compute, n, variants in CASES[:args.first]:
+        if args.only and f"{compute}-{n}" != args.only:
+            continue
         A, B, C = (b[:n * n].view(n, n) for b in bufs)
         flops = 2.0 * n ** 3
         for label, tile, settings in variants:

@@ -256,6 +256,10 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
                          "planner-first1024"] + PY + [B + "diag/fp32_tiles.py"]),
                   (150, PY + [B + "gemm.py", "--cases", "fp32-16384", "--no-train", "--runs",
                               "7", "--out", "gemm-h200-s21-16k"])],
+    # nvidia-h200 (session 21): where fp32-16384's 171 ms go with ltmm's kernels: the probe's
+    # kernels (through mmacc), its fp32-16384 variants and the planner's product traced
+    "s21-probe": [(300, PY + [B + "gemm_probe.py", "--only", "fp32-16384", "--out",
+                              "gemm-probe-h200-s21"])],
     # nvidia-h200 (session 21): the gemm GPU tests, then every fp32 bench case with
     # outcore.gemm.ltmm on and off
     "s21-lt": [(120, PY + ["-m", "pytest", "-q", "tests/gemm/test_gemm_gpu.py"]),
