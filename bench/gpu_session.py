@@ -260,6 +260,9 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
     # kernels (through mmacc), its fp32-16384 variants and the planner's product traced
     "s21-probe": [(300, PY + [B + "gemm_probe.py", "--only", "fp32-16384", "--out",
                               "gemm-probe-h200-s21"])],
+    # nvidia-h200 (session 21): fp32 plans in few wide tiles (lone.FEW_WIDE), with and
+    # without a 1024-deep first piece, against the default, now on ltmm's kernels
+    "s21-wide": [(300, PY + [B + "diag/fp32_wide.py"])],
     # nvidia-h200 (session 21): the gemm GPU tests, then every fp32 bench case with
     # outcore.gemm.ltmm on and off
     "s21-lt": [(120, PY + ["-m", "pytest", "-q", "tests/gemm/test_gemm_gpu.py"]),

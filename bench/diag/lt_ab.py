@@ -4,7 +4,7 @@ pick: an A/B on one GPU.
     PYTHONPATH=src python3 bench/diag/lt_ab.py        # about 4 minutes on one H200
 
 Session 21's `bench/diag/lt_algos.py` (lt-algos-h200.json) found cuBLASLt's algorithm 55 with
-CUTLASS's SIMT 256 x 128 tile running the fp32 4096^2 x 16384 tiles at 53.3 TFLOP/s and
+the 256 x 128 tile running the fp32 4096^2 x 16384 tiles at 53.3 TFLOP/s and
 4096^2 x 2048 pieces at 52.2, where cuBLAS's pick runs 51.4 and 50.0. `outcore.gemm.ltmm`
 sends fp32 GEMMs that way on sm_90. This times every fp32 case of bench/gemm.py
 (fp32-16384, fp32-32768 and the 18 fp32 training shapes; outcore.matmul, pinned host

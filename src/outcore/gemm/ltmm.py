@@ -2,10 +2,12 @@
 is slower.
 
 On the H200 (sm_90) cuBLAS runs fp32 GEMMs of outcore's tile shapes (4096 x 4096 x 2048..16384)
-on an `sm80_xmma_gemm_..._ffma` kernel at 50.0-51.4 TFLOP/s, and only whole products (16384^3)
-on CUTLASS's SIMT 256 x 128 kernel at 54. cuBLASLt's heuristic does not offer that kernel for
-the tiles either; asked for it by configuration (algorithm 55, tile 256 x 128, stages id 31:
-`bench/diag/lt_algos.py`, lt-algos-h200.json, session 21) it runs them at 53.3 and 52.2 TFLOP/s.
+on `sm80_xmma_gemm_f32f32_..._tilesize256x128x8_..._ffma` at 50.0-51.4 TFLOP/s, where whole
+products (16384^3) reach 54. cuBLASLt's heuristic offers nothing faster for the tiles; its
+algorithm 55 configured with tile id 24 (256 x 128) and stages id 31, which runs the same
+kernel family with the tile the other way round (`..._tilesize128x256x8_...` in its own
+column-major terms; `bench/diag/lt_algos.py`, lt-algos-h200.json, and the trace in
+gemm-probe-h200-s21.json, session 21), runs them at 53.3 and 52.2 TFLOP/s.
 Whole products (`bench/diag/lt_ab.py`, lt-ab-h200.json): fp32-16384 171 ms against 177,
 fp32-32768 1.02x, the NN and TN training shapes 1.02-1.04x, the NT ones 0.97x (so not those).
 
