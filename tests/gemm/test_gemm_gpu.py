@@ -251,11 +251,12 @@ def test_outcore_fp32_products_take_the_cublaslt_path_where_measured():
     from outcore.gemm import ltmm
     A, B, C = _data(1024, 1280, 1536, pinned=False)
     before = ltmm.calls
-    matmul(A, B, C, devices=0, compute="fp32", tile=(512, 640))
+    _, stats = matmul(A, B, C, devices=0, compute="fp32", tile=(512, 640), return_stats=True)
     check_close(C, A.double().numpy(), B.double().numpy(), None, 1.0, 0.0, "fp32")
     used = ltmm.calls - before
+    assert stats.devices[0].lt_gemms == used
     if ltmm.ENABLED and torch.cuda.get_device_capability() in ltmm.CAPABILITIES:
-        assert used > 0
+        assert used == stats.devices[0].gemms > 0 and "configured kernel" in stats.summary()
     else:
         assert used == 0
     matmul(A, B, C, devices=0, compute="tf32", tile=(512, 640))   # TF32: cuBLAS's own pick

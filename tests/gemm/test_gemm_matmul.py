@@ -114,6 +114,9 @@ def test_exported_and_stats_count_every_tile():
     assert st.h2d_bytes >= (50 * 40 + 40 * 30) * 4
     assert st.d2h_bytes == 50 * 30 * 4
     assert "TFLOP/s" in st.summary()
+    # the CPU's GEMMs are torch's: none on cuBLASLt's configured kernel, and none said to be
+    assert all(d.lt_gemms == 0 for d in st.devices) and "cuBLASLt" not in st.summary()
+    assert st.to_dict()["lt_gemms_per_device"] == {d.device: 0 for d in st.devices}
 
 
 def test_stats_phases_order_the_hosts_share():

@@ -17,19 +17,20 @@ COL_CHUNK_DTYPES = (torch.bfloat16,)
 
 
 def mm_acc(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor, alpha: float,
-           beta: float) -> None:
+           beta: float) -> bool:
     """acc = alpha * a @ b + beta * acc (acc not read when beta == 0); in column chunks
-    of COL_CHUNK (strided views of acc and b: no copies) where that is set."""
+    of COL_CHUNK (strided views of acc and b: no copies) where that is set. True where
+    cuBLASLt's configured fp32 kernel ran it (ltmm.py)."""
     n = acc.shape[1]
     if COL_CHUNK and n > COL_CHUNK and a.dtype in COL_CHUNK_DTYPES:
         for c0 in range(0, n, COL_CHUNK):
             _mm_acc(acc[:, c0:c0 + COL_CHUNK], a, b[:, c0:c0 + COL_CHUNK], alpha, beta)
-        return
-    _mm_acc(acc, a, b, alpha, beta)
+        return False
+    return _mm_acc(acc, a, b, alpha, beta)
 
 
 def _mm_acc(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor, alpha: float,
-            beta: float) -> None:
+            beta: float) -> bool:
     """mm_acc on one GEMM call.
 
     bf16 operands into an fp32 accumulator: on GPUs torch's out_dtype GEMM (fp32
@@ -39,18 +40,19 @@ def _mm_acc(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor, alpha: float,
     if a.dtype == acc.dtype:
         # (a tile's first GEMM as torch.mm(out=) instead ran no faster on the H200: session
         # 11's probe, gemm-probe-h200.json, kernels "mm" and "addmm0", case "mm-first")
-        if not ltmm.addmm(acc, a, b, alpha, beta):     # fp32 on an H200: a faster kernel
-            acc.addmm_(a, b, beta=beta, alpha=alpha)
-        return
+        if ltmm.addmm(acc, a, b, alpha, beta):         # fp32 on an H200: a faster kernel
+            return True
+        acc.addmm_(a, b, beta=beta, alpha=alpha)
+        return False
     kind = acc.device.type
     if kind == "cpu":
         acc.addmm_(a.to(acc.dtype), b.to(acc.dtype), beta=beta, alpha=alpha)
-        return
+        return False
     if _OUT_DTYPE_OK.get(kind, True):
         try:
             torch.addmm(acc, a, b, beta=beta, alpha=alpha, out_dtype=acc.dtype, out=acc)
             _OUT_DTYPE_OK[kind] = True
-            return
+            return False
         except (RuntimeError, TypeError, NotImplementedError):
             _OUT_DTYPE_OK[kind] = False
     prod = torch.mm(a, b)
@@ -60,3 +62,4 @@ def _mm_acc(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor, alpha: float,
         if beta != 1:
             acc.mul_(beta)
         acc.add_(prod, alpha=alpha)
+    return False

@@ -13,6 +13,7 @@ class DeviceStats:
     device: str
     tiles: int = 0
     gemms: int = 0
+    lt_gemms: int = 0        # of those, run on cuBLASLt's configured fp32 kernel (ltmm.py)
     flops: float = 0.0
     h2d_bytes: int = 0
     d2h_bytes: int = 0
@@ -77,7 +78,8 @@ class GemmStats:
             lines.append(f"  planning took {self.plan_s:.2f} s of the wall time (the first "
                          "product of a shape; later ones reuse the plan)")
         for d in self.devices:
-            lines.append(f"  {d.device}: {d.tiles} tiles, {d.gemms} GEMMs, "
+            lt = f" ({d.lt_gemms} on cuBLASLt's configured kernel)" if d.lt_gemms else ""
+            lines.append(f"  {d.device}: {d.tiles} tiles, {d.gemms} GEMMs{lt}, "
                          f"h2d {fmt_bytes(d.h2d_bytes)}, d2h {fmt_bytes(d.d2h_bytes)}, "
                          f"staged {fmt_bytes(d.staged_bytes)}, blocks {d.block_misses} loaded / "
                          f"{d.block_hits} reused, buffers {fmt_bytes(d.device_bytes)}")
@@ -88,4 +90,5 @@ class GemmStats:
                 "wall_s": self.wall_s, "plan_s": self.plan_s, "tflops": self.tflops,
                 "h2d_bytes": self.h2d_bytes,
                 "d2h_bytes": self.d2h_bytes,
-                "tiles_per_device": {d.device: d.tiles for d in self.devices}}
+                "tiles_per_device": {d.device: d.tiles for d in self.devices},
+                "lt_gemms_per_device": {d.device: d.lt_gemms for d in self.devices}}

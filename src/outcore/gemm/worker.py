@@ -227,10 +227,11 @@ class DeviceWorker(BlockLoads):
             L.wait(L.compute, a.events[s1 - 1])
             L.wait(L.compute, b.events[s1 - 1])
             k0, k1 = a.bounds[s0][0], a.bounds[s1 - 1][1]
-            mm_acc(r.acc, a_op[:, k0:k1], b_op[k0:k1, :], job.alpha, r.beta)
+            lt = mm_acc(r.acc, a_op[:, k0:k1], b_op[k0:k1, :], job.alpha, r.beta)
             self.clock.gemm(t.rows, t.cols, k1 - k0, max(ready[s:e]))
             r.beta = 1.0
             self.stats.gemms += 1
+            self.stats.lt_gemms += lt
             self.stats.flops += 2.0 * t.rows * t.cols * (k1 - k0)
             s = e
         used = L.event(L.compute)
