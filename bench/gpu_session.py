@@ -263,6 +263,12 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
     # nvidia-h200 (session 21): fp32 plans in few wide tiles (lone.FEW_WIDE), with and
     # without a 1024-deep first piece, against the default, now on ltmm's kernels
     "s21-wide": [(300, PY + [B + "diag/fp32_wide.py"])],
+    # nvidia-h200 (session 21): the gemm GPU tests (the stats count ltmm's GEMMs), then
+    # cuBLASLt's configurations for the NT products' GEMMs (B column-contiguous)
+    "s21-nt": [(120, PY + ["-m", "pytest", "-q", "tests/gemm/test_gemm_gpu.py"]),
+               (200, ["env", "LT_SWEEP=4096x4096x8192t,4096x4096x16384t,4096x4096x2048t,"
+                      "8192x8192x16384t,8192x8192x2048t", "LT_TAG=nt"]
+                + PY + [B + "diag/lt_algos.py"])],
     # nvidia-h200 (session 21): the gemm GPU tests, then every fp32 bench case with
     # outcore.gemm.ltmm on and off
     "s21-lt": [(120, PY + ["-m", "pytest", "-q", "tests/gemm/test_gemm_gpu.py"]),

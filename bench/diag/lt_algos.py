@@ -41,12 +41,16 @@ PREF_MAX_WORKSPACE = 1                        # cublasLtMatmulPreferenceAttribut
 CONFIG = {"id": 0, "tile": 1, "splitk": 2, "reduction": 3, "swizzle": 4, "custom": 5,
           "stages": 6}                        # cublasLtMatmulAlgoConfigAttributes_t
 CAP_TILE_IDS, CAP_STAGES_IDS = 6, 13          # cublasLtMatmulAlgoCapAttributes_t
+DESC_TRANSA = 3                               # cublasLtMatmulDescAttributes_t
 SWEEP_SHAPES = [(4096, 4096, 16384), (4096, 4096, 2048)]
 # LT_SWEEP=MxNxK,... sweeps those shapes instead and skips the heuristic's list; the file
-# is then lt-algos-<machine>-sweep.json
+# is then lt-algos-<machine>-sweep.json, or -sweep-<LT_TAG> with LT_TAG set. A shape ending
+# in "t" has b column-contiguous (b = bt.t(), as the NT products' blocks): op T in
+# cuBLASLt's terms.
 if os.environ.get("LT_SWEEP"):
     SHAPES = []
-    SWEEP_SHAPES = [tuple(int(x) for x in s.split("x")) for s in os.environ["LT_SWEEP"].split(",")]
+    SWEEP_SHAPES = [tuple(int(x) for x in s.rstrip("t").split("x")) + (s.endswith("t"),)
+                    for s in os.environ["LT_SWEEP"].split(",")]
 SWEEP_S = 90.0                                # the sweep's screening time per shape, at most
 SWEEP_TOP = 6                                 # configs per shape timed fully after the screen
 
@@ -87,13 +91,19 @@ class Lt:
                                                    ctypes.c_int64(ld)), "LayoutCreate")
         return out
 
-    def problem(self, m: int, n: int, k: int):
+    def problem(self, m: int, n: int, k: int, tb: bool = False):
         """Descriptors of row-major C (m x n) += A (m x k) @ B (k x n), as the column-major
-        C.T (n x m) = B.T (n x k) @ A.T (k x m)."""
+        C.T (n x m) = B.T (n x k) @ A.T (k x m); with tb, B column-contiguous (its memory
+        is B as a column-major k x n matrix: op T)."""
         desc = ctypes.c_void_p()
         _check(self.lib.cublasLtMatmulDescCreate(ctypes.byref(desc), COMPUTE_32F, R_32F),
                "MatmulDescCreate")
-        return desc, self.layout(n, k, n), self.layout(k, m, k), self.layout(n, m, n)
+        if tb:
+            op = ctypes.c_int32(1)
+            _check(self.lib.cublasLtMatmulDescSetAttribute(desc, DESC_TRANSA, ctypes.byref(op),
+                                                           4), "DescSetAttribute")
+        lb = self.layout(k, n, k) if tb else self.layout(n, k, n)
+        return desc, lb, self.layout(k, m, k), self.layout(n, m, n)
 
     def algos(self, desc, la, lb, lc) -> list[Heuristic]:
         pref = ctypes.c_void_p()
@@ -215,15 +225,19 @@ def shape_rows(lt: Lt, m: int, n: int, k: int) -> list[dict]:
     return rows
 
 
-def sweep_rows(lt: Lt, m: int, n: int, k: int) -> list[dict]:
+def sweep_rows(lt: Lt, m: int, n: int, k: int, tb: bool = False) -> list[dict]:
     """Every (algorithm id, tile, stages) cuBLASLt accepts for c += a @ b at this shape,
     without split-K: each screened by one timed call (for at most SWEEP_S seconds in all),
-    the SWEEP_TOP fastest then timed as the heuristic's are."""
-    a, b = torch.randn(m, k, device="cuda"), torch.randn(k, n, device="cuda")
+    the SWEEP_TOP fastest then timed as the heuristic's are; torch's own rate first."""
+    a = torch.randn(m, k, device="cuda")
+    b = torch.randn(n, k, device="cuda").t() if tb else torch.randn(k, n, device="cuda")
     c = torch.zeros(m, n, device="cuda")
     flops = 2.0 * m * n * k
     ref = torch.addmm(c, a, b)
-    desc, la, lb, lc = lt.problem(m, n, k)
+    rows = [{"m": m, "n": n, "k": k, "tb": tb, "algo": "torch",
+             "tflops": rate(lambda: c.addmm_(a, b), flops)}]
+    print(rows[-1], flush=True)
+    desc, la, lb, lc = lt.problem(m, n, k, tb)
     screened, start = [], time.perf_counter()
     for algo_id in lt.ids():
         probe = Algo()
@@ -244,14 +258,14 @@ def sweep_rows(lt: Lt, m: int, n: int, k: int) -> list[dict]:
                     continue   # accepted by the check, refused by the call: not a candidate
                 screened.append((secs, algo_id, tile, stages, h))
     screened.sort(key=lambda t: t[0])
-    print(f"{m}x{n}x{k}: {len(screened)} configs screened in "
+    print(f"{m}x{n}x{k}{'t' if tb else ''}: {len(screened)} configs screened in "
           f"{time.perf_counter() - start:.0f} s", flush=True)
-    rows = []
     for secs, algo_id, tile, stages, h in screened[:SWEEP_TOP]:
         c.zero_()
         lt.matmul(desc, la, lb, lc, a, b, c, h.algo, h.workspaceSize)
         err = ((c - ref).abs().max() / ref.abs().max()).item()   # host sync: the check
-        row = {"m": m, "n": n, "k": k, "algo": f"sweep-{algo_id}", "config": lt.config(h.algo),
+        row = {"m": m, "n": n, "k": k, "tb": tb, "algo": f"sweep-{algo_id}",
+               "config": lt.config(h.algo),
                "screen_tflops": flops / secs / 1e12, "rel_err": err,
                "tflops": (rate(lambda: lt.matmul(desc, la, lb, lc, a, b, c, h.algo,
                                                  h.workspaceSize), flops)
@@ -273,12 +287,14 @@ def main() -> int:
     for m, n, k in SHAPES:
         rows += shape_rows(lt, m, n, k)
         torch.cuda.empty_cache()   # this shape's operands are gone: free them for the next
-    for m, n, k in SWEEP_SHAPES:
-        rows += sweep_rows(lt, m, n, k)
+    for m, n, k, *tb in SWEEP_SHAPES:
+        rows += sweep_rows(lt, m, n, k, bool(tb and tb[0]))
         torch.cuda.empty_cache()   # as above
     doc["runs"] = rows
-    common.write(doc, f"lt-algos-{common.machine_name()}" + ("-sweep" if not SHAPES else ""))
-    print(common.table(rows, ["m", "n", "k", "algo", "tflops", "config"]))
+    tag = ("-sweep" + (f"-{os.environ['LT_TAG']}" if os.environ.get("LT_TAG") else "")
+           if not SHAPES else "")
+    common.write(doc, f"lt-algos-{common.machine_name()}{tag}")
+    print(common.table(rows, ["m", "n", "k", "tb", "algo", "tflops", "config"]))
     return 0
 
 
