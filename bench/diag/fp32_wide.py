@@ -85,6 +85,22 @@ def ab_rounds(c, A, B, C, names: list, timer, rounds: int, base: str) -> list[di
     return rows
 
 
+def ab_cases(cases: list, names: list, timer, rounds: int, base: str) -> list[dict]:
+    """ab_rounds over each case, its A, B, C views of three pinned host buffers (A and B
+    filled) sized for the largest case."""
+    biggest = max(max(c.m * c.k, c.k * c.n, c.m * c.n) for c in cases)
+    bufs = [pin_(torch.empty(biggest)) for _ in range(3)]
+    for b in bufs[:2]:
+        fill_(b)
+    rows = []
+    for c in cases:
+        sa = (c.k, c.m) if c.transa else (c.m, c.k)
+        sb = (c.n, c.k) if c.transb else (c.k, c.n)
+        A, B, C = (b[:s[0] * s[1]].view(s) for b, s in zip(bufs, (sa, sb, (c.m, c.n))))
+        rows += ab_rounds(c, A, B, C, names, timer, rounds, base)
+    return rows
+
+
 def write_ab(doc: dict, rows: list, name: str, base: str) -> None:
     """bench/results/NAME-<machine>.json with `rows` (ab_rounds'), and the medians' table."""
     doc["runs"] = rows
@@ -100,16 +116,7 @@ def main() -> int:
     doc = common.header("fp32-wide")
     cases = [c for c in square_cases(False) if c.name == "fp32-16384"] + \
         [c for c in train_cases(False) if c.compute == "fp32"]
-    biggest = max(max(c.m * c.k, c.k * c.n, c.m * c.n) for c in cases)
-    bufs = [pin_(torch.empty(biggest)) for _ in range(3)]
-    for b in bufs[:2]:
-        fill_(b)
-    rows = []
-    for c in cases:
-        sa = (c.k, c.m) if c.transa else (c.m, c.k)
-        sb = (c.n, c.k) if c.transb else (c.k, c.n)
-        A, B, C = (b[:s[0] * s[1]].view(s) for b, s in zip(bufs, (sa, sb, (c.m, c.n))))
-        rows += ab_rounds(c, A, B, C, list(VARIANTS), time_case, ROUNDS, "default")
+    rows = ab_cases(cases, list(VARIANTS), time_case, ROUNDS, "default")
     settings("default")
     write_ab(doc, rows, "fp32-wide", "default")
     return 0

@@ -22,11 +22,10 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # bench/
 import common  # noqa: E402
-from fp32_wide import ab_rounds, time_product, write_ab  # noqa: E402
-from gemm import fill_, square_cases, train_cases  # noqa: E402
+from fp32_wide import ab_cases, time_product, write_ab  # noqa: E402
+from gemm import square_cases, train_cases  # noqa: E402
 
 from outcore.gemm import ltmm, matmul  # noqa: E402
-from outcore.memory import pin_  # noqa: E402
 
 ROUNDS = int(os.environ.get("LT_AB_ROUNDS", "3"))
 
@@ -48,16 +47,7 @@ def main() -> int:
     only = os.environ.get("LT_AB_CASES")
     cases = [c for c in square_cases(False) + train_cases(False) if c.compute == "fp32"
              and (not only or c.name in only.split(","))]
-    biggest = max(max(c.m * c.k, c.k * c.n, c.m * c.n) for c in cases)
-    bufs = [pin_(torch.empty(biggest)) for _ in range(3)]
-    for b in bufs[:2]:
-        fill_(b)
-    rows = []
-    for c in cases:
-        sa = (c.k, c.m) if c.transa else (c.m, c.k)
-        sb = (c.n, c.k) if c.transb else (c.k, c.n)
-        A, B, C = (b[:s[0] * s[1]].view(s) for b, s in zip(bufs, (sa, sb, (c.m, c.n))))
-        rows += ab_rounds(c, A, B, C, ["lt", "cublas"], timer, ROUNDS, "cublas")
+    rows = ab_cases(cases, ["lt", "cublas"], timer, ROUNDS, "cublas")
     ltmm.ENABLED = True
     write_ab(doc, rows, "lt-ab", "cublas")
     return 0
