@@ -15,8 +15,8 @@ fp32-32768 1.02x, the NN and TN training shapes 1.02-1.04x, the NT ones 0.97x (s
 True, or returns False (nothing done) where it does not apply: not fp32 in and out, TF32
 allowed, not a GPU this was measured on (CAPABILITIES), a dimension under MIN_DIM, an operand
 neither row- nor column-contiguous, b column-contiguous (measured slower), or cuBLASLt
-refusing the configuration (it checks it per problem: cublasLtMatmulAlgoCheck). The caller then runs torch's GEMM. OUTCORE_GEMM_LT=0
-turns it off.
+refusing the configuration (it checks it per problem: cublasLtMatmulAlgoCheck). The caller
+then runs torch's GEMM. OUTCORE_GEMM_LT=0 turns it off.
 
 Layout: torch tensors are row-major; cuBLASLt's are column-major. A row-major X (r x c) with
 row stride ld is the column-major X^T (c x r, ld), so C = A @ B is computed as C^T = B^T A^T:
@@ -145,6 +145,10 @@ class _Lt:
                 ctypes.byref(check)) == 0
             if ok and check.workspaceSize == 0:     # no workspace: nothing off the budget
                 got = (desc, lay_b, lay_a, lay_c, algo)
+            else:
+                for lay in (lay_b, lay_a, lay_c):
+                    lib.cublasLtMatrixLayoutDestroy(lay)
+                lib.cublasLtMatmulDescDestroy(desc)
         self.problems[key] = got
         return got
 
