@@ -281,6 +281,7 @@ def main() -> int:
         return 2
     assert ctypes.sizeof(Heuristic) == 96, ctypes.sizeof(Heuristic)
     doc = common.header("lt-algos")
+    doc["env"] = {k: os.environ.get(k) for k in ("LT_SWEEP", "LT_TAG")}   # not in the command
     torch.backends.cuda.matmul.allow_tf32 = False
     lt = Lt()
     rows = []
