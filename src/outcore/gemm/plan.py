@@ -270,14 +270,10 @@ def make_plan(m: int, n: int, k: int, *, host_dtype: torch.dtype, compute: str, 
     Raises OutcoreError when the budget is too small for one tile's working set.
 
     Plans are remembered (the last PLAN_CACHE of them, with the default rates): the search
-    is serial before the first copy, and a training loop asks for the same shapes at every
-    step. It has grown with the candidates since session 6 (~15 ms at 32768 in tf32 and
-    bf16 then): on the development machine's CPU in session 20, 0.68 s for bf16 at 32768,
-    0.47 s for tf32, 0.08 s for fp32 (1.02, 0.64 and 0.15 s before the model's per-piece
-    work was cut down that session, with the same estimates to the last bit). matmul's
-    stats report it (GemmStats.plan_s). On the H200 an uncached search was once the gap
-    between the planner's choice (270 TFLOP/s in tf32) and the same plan forced with
-    `tile` (313); the benches time cached plans (their warm-up run makes them).
+    is serial before the first copy (session 20, development CPU: 0.68 s for bf16 at
+    32768, 0.47 s tf32, 0.08 s fp32; GemmStats.plan_s reports it), and a training loop asks
+    for the same shapes at every step. The benches time cached plans (their warm-up run
+    makes them).
     """
     tile = _tile_arg(tile)   # hashable, and a bad tile is reported before any lookup
     from . import lone, model
