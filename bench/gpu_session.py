@@ -242,6 +242,14 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
     # nvidia-h200 (written in session 20, not run yet): the fp32 algorithms cuBLASLt offers
     # for outcore's tile shapes, timed beside torch's GEMM
     "lt-algos": [(420, PY + [B + "diag/lt_algos.py"])],
+    # nvidia-h200 (session 22): 3b-16k outcore alone, 8 measured steps each: the balance
+    # planner on the last CPU rate it measured (the default), on the best (the planner then
+    # adds no group after its first move in the replayed runs of sessions 8-12), and rest +
+    # 10 blocks fixed (the count of the fastest runs); then the same in the reverse order
+    "s22-rate": [(560, PY + [B + "stream_ab.py", "--variants", "balance,best-rate,fixed-10",
+                             "--skip-tests", "--steps", "8", "--tag", "s22a"])],
+    "s22-rate2": [(560, PY + [B + "stream_ab.py", "--variants", "fixed-10,best-rate,balance",
+                              "--skip-tests", "--steps", "8", "--tag", "s22b"])],
     # nvidia-h200 (session 21): the gemm GPU tests with fp32 GEMMs through cuBLASLt's
     # configured kernel (outcore.gemm.ltmm), then the whole gemm bench (the run of record)
     "s21-record": [(120, PY + ["-m", "pytest", "-q", "tests/gemm/test_gemm_gpu.py"]),

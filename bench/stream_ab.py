@@ -87,7 +87,7 @@ VARIANTS = {  # name: bench/stream.py flags (session 5's NOTES, "Next GPU sessio
 
 def commands(args) -> list[tuple[str, list[str]]]:
     base = [sys.executable, os.path.join(common.ROOT, "bench", "stream.py"), "--cases",
-            args.case, "--systems", "outcore", "--largest", "0"] + \
+            args.case, "--systems", "outcore", "--largest", "0", "--steps", str(args.steps)] + \
         (["--compiled"] if args.compiled else [])
     out = []
     for i, name in enumerate(args.variants.split(",")):
@@ -126,6 +126,7 @@ def main() -> int:
     ap.add_argument("--compiled", action=argparse.BooleanOptionalAction, default=True)
     ap.add_argument("--reference", default=str(common.RESULTS / "stream-h200.json"))
     ap.add_argument("--skip-tests", action="store_true")
+    ap.add_argument("--steps", type=int, default=5, help="measured steps per variant")
     ap.add_argument("--dry-run", action="store_true")
     args = ap.parse_args()
     rows = []

@@ -10,7 +10,7 @@ from .test_stream_append import load_stream_bench
 
 def args(**kw):
     base = dict(case="3b-16k", variants="tune,settle", compiled=True, skip_tests=False,
-                tag="")
+                tag="", steps=5)
     return argparse.Namespace(**{**base, **kw})
 
 
@@ -23,6 +23,8 @@ def test_one_command_per_variant():
     assert "--tune-updates" in first and "--settle-compiles" in second
     assert all("--compiled" in c and c[c.index("--out") + 1].startswith("stream-h200-ab-")
                for c in (first, second))
+    eight = ab.commands(args(steps=8))[0][1]
+    assert eight[eight.index("--steps") + 1] == "8"
     with pytest.raises(SystemExit, match="unknown variant 'fast'"):
         ab.commands(args(variants="settle,fast"))
 
