@@ -250,6 +250,14 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
                              "--skip-tests", "--steps", "8", "--tag", "s22a"])],
     "s22-rate2": [(560, PY + [B + "stream_ab.py", "--variants", "fixed-10,best-rate,balance",
                               "--skip-tests", "--steps", "8", "--tag", "s22b"])],
+    # nvidia-h200 (session 22): fp32-16384's head: 4096-deep pieces (16 KiB rows of A) and
+    # pieces growing from 512 deep, in the planner's tiles, 8192^2 and 4096-row strips;
+    # then whole-height strips for the fp32 TN shapes (lone.TALL_TA with fp32)
+    "s22-head": [(200, ["env", "FP32_TILES=planner-piece4096,planner-ramp512,"
+                        "planner-piece4096-ramp512,8192-ramp512,8192-piece4096-ramp512,"
+                        "wide-4096-ramp512,8192-first1024"] + PY + [B + "diag/fp32_tiles.py"]),
+                 (200, ["env", "FP32_WIDE=tall", "FP32_CASES=-TN-"]
+                  + PY + [B + "diag/fp32_wide.py"])],
     # nvidia-h200 (session 21): the gemm GPU tests with fp32 GEMMs through cuBLASLt's
     # configured kernel (outcore.gemm.ltmm), then the whole gemm bench (the run of record)
     "s21-record": [(120, PY + ["-m", "pytest", "-q", "tests/gemm/test_gemm_gpu.py"]),

@@ -47,7 +47,18 @@ VARIANTS = {"planner": (None, 0),
             # session 21 (fp32 GEMMs through outcore.gemm.ltmm): whole-width 4096-row strips,
             # and the planner's tiles with a shallow first piece or 8 strips at the end
             "wide-4096": ((4096, 16384, 16384, 2048), 0),
-            "planner-first1024": (None, 1024)}
+            "planner-first1024": (None, 1024),
+            # session 22: the first tile's A pieces are 2-D copies of 8 KiB rows (34 GB/s
+            # alone, copy-rows-h200.json; 16 KiB: 48, 32 KiB: 55), so the first 4096^2 tile
+            # waits on the link: 4096-deep pieces, and pieces that grow from a shallow first
+            # one (RAMP below: 512, 1024, 2048, ... up to the piece) so that the first GEMM
+            # starts early and each piece lands under the GEMM before it
+            "planner-piece4096": ((4096, 4096, 16384, 4096), 0),
+            "planner-ramp512": ((4096, 4096, 16384, 2048), -512),
+            "planner-piece4096-ramp512": ((4096, 4096, 16384, 4096), -512),
+            "8192-ramp512": ((8192, 8192, 16384, 2048), -512),
+            "8192-piece4096-ramp512": ((8192, 8192, 16384, 4096), -512),
+            "wide-4096-ramp512": ((4096, 16384, 16384, 2048), -512)}
 # FP32_TILES=name,name,... runs only those (and the planner's)
 if os.environ.get("FP32_TILES"):
     VARIANTS = {k: v for k, v in VARIANTS.items()
@@ -55,8 +66,24 @@ if os.environ.get("FP32_TILES"):
 ROUNDS = 4
 
 
+def ramp_spans(total: int, size: int, first: int = 0) -> list[tuple[int, int]]:
+    """[0, total) in pieces first, 2 first, 4 first, ... while under `size`, then `size`
+    (a diag-only stand-in for tiles.piece_spans, patched into plan.py by RAMP variants)."""
+    out, s, d = [], 0, first or size
+    while s < total:
+        out.append((s, min(s + d, total)))
+        s, d = s + d, min(2 * d, size)
+    return out
+
+
+SPANS = plan_mod.piece_spans
+
+
 def time_variant(c, A, B, C, name: str) -> tuple[float, str]:
-    tile, plan_mod.FIRST_PIECE = VARIANTS[name]
+    tile, first = VARIANTS[name]
+    # a negative first piece: pieces that grow from -first (ramp_spans)
+    plan_mod.FIRST_PIECE = abs(first)
+    plan_mod.piece_spans = ramp_spans if first < 0 else SPANS
     return time_product(lambda: matmul(A, B, C, compute="fp32", tile=tile,
                                        return_stats=True)[1])
 
@@ -76,6 +103,7 @@ def main() -> int:
         rows = ab_rounds(c, A, B, C, list(VARIANTS), time_variant, ROUNDS, "planner")
     finally:
         plan_mod.FIRST_PIECE = 0
+        plan_mod.piece_spans = SPANS
     write_ab(doc, rows, "fp32-tiles", "planner")
     return 0
 

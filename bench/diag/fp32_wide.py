@@ -30,13 +30,22 @@ import outcore.gemm.plan as plan_mod  # noqa: E402
 from outcore.gemm import matmul  # noqa: E402
 from outcore.memory import pin_  # noqa: E402
 
-VARIANTS = {"default": ((), 0), "few-wide": (("fp32",), 0),
-            "few-wide-first1024": (("fp32",), 1024)}
+# name -> (lone.FEW_WIDE, plan.FIRST_PIECE, lone.TALL_TA)
+VARIANTS = {"default": ((), 0, lone.TALL_TA), "few-wide": (("fp32",), 0, lone.TALL_TA),
+            "few-wide-first1024": (("fp32",), 1024, lone.TALL_TA),
+            # session 22: whole-height strips for fp32 with a transposed A too (the model
+            # puts the fp32 TN shapes 3-11% faster in them; bf16's since session 18)
+            "tall": ((), 0, tuple(lone.TALL_TA) + ("fp32",))}
+# FP32_WIDE=name,... runs only those variants (and the default); FP32_CASES=text, only the
+# cases whose name holds it (e.g. -TN-)
+if os.environ.get("FP32_WIDE"):
+    VARIANTS = {k: v for k, v in VARIANTS.items()
+                if k == "default" or k in os.environ["FP32_WIDE"].split(",")}
 ROUNDS, RUNS = 2, 3
 
 
 def settings(name: str) -> None:
-    lone.FEW_WIDE, plan_mod.FIRST_PIECE = VARIANTS[name]
+    lone.FEW_WIDE, plan_mod.FIRST_PIECE, lone.TALL_TA = VARIANTS[name]
     plan_mod._cached_search.cache_clear()
 
 
@@ -116,6 +125,8 @@ def main() -> int:
     doc = common.header("fp32-wide")
     cases = [c for c in square_cases(False) if c.name == "fp32-16384"] + \
         [c for c in train_cases(False) if c.compute == "fp32"]
+    cases = [c for c in cases if os.environ.get("FP32_CASES", "") in c.name]
+    doc["env"] = {k: os.environ.get(k) for k in ("FP32_WIDE", "FP32_CASES")}
     rows = ab_cases(cases, list(VARIANTS), time_case, ROUNDS, "default")
     settings("default")
     write_ab(doc, rows, "fp32-wide", "default")
