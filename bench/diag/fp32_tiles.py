@@ -50,9 +50,10 @@ VARIANTS = {"planner": (None, 0),
             "planner-first1024": (None, 1024),
             # session 22: the first tile's A pieces are 2-D copies of 8 KiB rows (34 GB/s
             # alone, copy-rows-h200.json; 16 KiB: 48, 32 KiB: 55), so the first 4096^2 tile
-            # waits on the link: 4096-deep pieces, and pieces that grow from a shallow first
-            # one (RAMP below: 512, 1024, 2048, ... up to the piece) so that the first GEMM
-            # starts early and each piece lands under the GEMM before it
+            # waits on the link: 4096-deep pieces, and pieces that grow from a shallow
+            # first one (a negative first piece: ramp_spans below, 512, 1024, 2048, ... up
+            # to the piece), so the first GEMM starts early and each piece lands under the
+            # GEMM before it
             "planner-piece4096": ((4096, 4096, 16384, 4096), 0),
             "planner-ramp512": ((4096, 4096, 16384, 2048), -512),
             "planner-piece4096-ramp512": ((4096, 4096, 16384, 4096), -512),
