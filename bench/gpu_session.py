@@ -258,6 +258,13 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
                         "wide-4096-ramp512,8192-first1024"] + PY + [B + "diag/fp32_tiles.py"]),
                  (200, ["env", "FP32_WIDE=tall", "FP32_CASES=-TN-"]
                   + PY + [B + "diag/fp32_wide.py"])],
+    # nvidia-h200 (session 22, after a plan that caches every block stopped evicting when a
+    # strip needs a block of its own rows): the gemm GPU tests, then the two square cases
+    # whose plans that touches (bf16-32768: one block more than its slots) or not
+    # (fp32-16384), 5 runs each, against the record's
+    "s22-cache": [(150, PY + ["-m", "pytest", "-q", "tests/gemm/test_gemm_gpu.py"]),
+                  (200, PY + [B + "gemm.py", "--cases", "fp32-16384,bf16-32768", "--no-train",
+                              "--runs", "5", "--out", "gemm-h200-s22-cache"])],
     # nvidia-h200 (session 21): the gemm GPU tests with fp32 GEMMs through cuBLASLt's
     # configured kernel (outcore.gemm.ltmm), then the whole gemm bench (the run of record)
     "s21-record": [(120, PY + ["-m", "pytest", "-q", "tests/gemm/test_gemm_gpu.py"]),

@@ -1,6 +1,7 @@
 """Several devices on one queue (shared.py): a lone device's tiles, the order's last tiles
 in strips that the queue hands out after every whole tile; results exact either way."""
 
+import itertools
 from dataclasses import replace
 
 import pytest
@@ -14,7 +15,7 @@ from outcore.gemm.plan import MAX_STRIPS, make_plan
 from outcore.gemm.schedule import TileQueue, simulate
 from outcore.gemm.shared import STRIP_TILES, shared
 from outcore.gemm.stats import DeviceStats, GemmStats
-from outcore.gemm.worker import GemmJob
+from outcore.gemm.worker import DeviceWorker, GemmJob
 
 KW = dict(host_dtype=torch.float32, compute="fp32", budget=120 << 30, device_type="cuda")
 
@@ -97,3 +98,37 @@ def test_two_workers_on_a_plan_with_a_striped_tail_are_exact(a_rows):
         execute(job, [torch.device("cpu")] * n_dev, st)
         check_close(out, A.double().numpy(), B.double().numpy(), None, 1.0, 0.0, "fp32")
         assert sum(d.tiles for d in st.devices) == plan.n_tiles
+
+
+
+def test_a_worker_of_a_plan_that_caches_all_stays_in_its_arena_whatever_it_took():
+    """Where the plan caches every block at its own size, a device that reaches the
+    striped tail without some of its A panels gives each strip an A block of its own rows:
+    more blocks than the plan's slots. None may be evicted then (a small strip's slot taken
+    over by a large B block is an allocation the arena has no room for). The two-worker
+    test above failed so in two runs of tests/gemm in session 22, depending on which tiles
+    each thread took; here every set of the whole tiles a worker may have taken before the
+    strips, deterministically."""
+    g = torch.Generator().manual_seed(4)
+    m, n, k = 96, 80, 64
+    A, B = torch.randn(m, k, generator=g), torch.randn(k, n, generator=g)
+    plan = make_plan(m, n, k, host_dtype=torch.float32, compute="fp32", budget=1 << 30,
+                     tile=(16, 40, 64, 16), device_type="cpu")
+    plan = replace(plan, strips=4, strip_tiles=5)
+    assert plan.caches_all and plan.n_slots < plan.tail_tasks
+    tiles = plan.tiles()
+    head, tail = tiles[:-plan.tail_tasks], tiles[-plan.tail_tasks:]
+    want = A.double() @ B.double()
+    for took in itertools.chain.from_iterable(
+            itertools.combinations(head, r) for r in range(len(head) + 1)):
+        out = torch.zeros(m, n)
+        job = GemmJob(plan, HostMatrix(A, "A"), HostMatrix(B, "B"), HostMatrix(out, "out"),
+                      ta=False, tb=False, alpha=1.0, beta=0.0)
+        queue = list(took) + tail
+        st = DeviceStats("cpu")
+        DeviceWorker(torch.device("cpu"), job, st).run(
+            lambda n_tiles: [queue.pop(0) for _ in range(min(n_tiles, len(queue)))])
+        assert st.tiles == len(took) + len(tail)
+        for t in list(took) + tail:
+            assert torch.allclose(out[t.r0:t.r1, t.c0:t.c1].double(),
+                                  want[t.r0:t.r1, t.c0:t.c1], rtol=1e-5, atol=1e-4)

@@ -86,6 +86,16 @@ class BlockCache:
         reuse_after = None
         if self._free:
             slot = self._free.pop()
+        elif self.exact:
+            # A plan that caches every block evicts none. It can still meet more blocks
+            # than slots: a strip of a panel this device never loaded whole gets a block
+            # of its own rows (loads.py). A new slot for it, as no evicted slot may be
+            # reused: its buffer, sized for its own block, may be too small for this one,
+            # and the arena has no room for a second allocation. Those strips' blocks
+            # together are no larger than the panel, so all of op(A) and op(B) still
+            # bounds the bytes.
+            slot = len(self._bufs)
+            self._bufs.append(None)
         else:
             victim = next((b for b in self.blocks.values() if b.pins == 0), None)
             if victim is None:
@@ -95,7 +105,7 @@ class BlockCache:
             self.evictions += 1
         numel = shape[0] * shape[1] if self.exact else self.slot_numel
         if self._bufs[slot] is None or self._bufs[slot].numel() < numel:
-            # (an exact slot is never taken over by another block: the plan caches all)
+            # (an exact slot is never taken over by another block: see above)
             self._bufs[slot] = self.alloc(numel, self.dtype)
         view = self._bufs[slot][:shape[0] * shape[1]].view(shape)
         blk = Block(key, slot, view, k_on_rows, region, bounds, reuse_after=reuse_after, pins=1)
