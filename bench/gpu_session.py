@@ -258,6 +258,8 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
                         "wide-4096-ramp512,8192-first1024"] + PY + [B + "diag/fp32_tiles.py"]),
                  (200, ["env", "FP32_WIDE=tall", "FP32_CASES=-TN-"]
                   + PY + [B + "diag/fp32_wide.py"])],
+    # nvidia-h200 (session 22): where a product's host time before its first copy goes
+    "s22-host": [(120, PY + [B + "diag/host_setup.py"])],
     # nvidia-h200 (session 22, after s22-cache): the gemm run of record at HEAD
     "s22-record": [(420, PY + [B + "gemm.py", "--budget-s", "330"])],
     # nvidia-h200 (session 22, after a plan that caches every block stopped evicting when a
