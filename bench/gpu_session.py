@@ -260,6 +260,15 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
                   + PY + [B + "diag/fp32_wide.py"])],
     # nvidia-h200 (session 22): where a product's host time before its first copy goes
     "s22-host": [(120, PY + [B + "diag/host_setup.py"])],
+    # nvidia-h200 (session 22, after the allocator's counts are read once a product): the
+    # host's time again, the gemm GPU tests, then the bf16 shapes at 16384 tokens (18-19 ms
+    # products) and fp32-16384, 5 runs each, against the record's
+    "s22-host2": [(120, ["env", "HOST_SETUP_TAG=s22b"] + PY + [B + "diag/host_setup.py"]),
+                  (150, PY + ["-m", "pytest", "-q", "tests/gemm/test_gemm_gpu.py"]),
+                  (200, PY + [B + "gemm.py", "--cases", "fp32-16384," + ",".join(
+                      f"train-{lay}-t16384-f{f}-bf16" for f in (8192, 16384)
+                      for lay in ("NT", "NN", "TN")), "--runs", "5", "--out",
+                      "gemm-h200-s22-host"])],
     # nvidia-h200 (session 22, after s22-cache): the gemm run of record at HEAD
     "s22-record": [(420, PY + [B + "gemm.py", "--budget-s", "330"])],
     # nvidia-h200 (session 22, after a plan that caches every block stopped evicting when a

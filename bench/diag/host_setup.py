@@ -104,7 +104,8 @@ def main() -> int:
         doc["largest_free_block_ms"] = statistics.median(snap) * 1e3
     doc["runs"], doc["profiles"] = rows, profiles
     if not smoke:
-        common.write(doc, f"host-setup-{common.machine_name()}")
+        tag = os.environ.get("HOST_SETUP_TAG")    # keeps an earlier call's file
+        common.write(doc, f"host-setup-{common.machine_name()}" + (f"-{tag}" if tag else ""))
     for name, prof in profiles.items():
         print(f"\n{name}: host functions by own time (one product, cProfile)")
         print(common.table(prof, ["function", "calls", "own_ms", "cum_ms"]))

@@ -63,3 +63,10 @@ def check_close(got, a64, b64, c0, alpha, beta, compute, transa=False, transb=Fa
     bound = TOL[compute] * scale + 1e-30
     worst = float((err - bound).max()) if err.size else 0.0
     assert worst <= 0, f"error {err.max():.3g} above tolerance ({compute})"
+
+
+def fake_stats(reserved: int, allocated: int) -> dict:
+    """The part of torch.cuda.memory.memory_stats_as_nested_dict that
+    outcore.memory.cached_unused_bytes reads (CPU tests fake the allocator with it)."""
+    return {"reserved_bytes": {"all": {"current": reserved}},
+            "allocated_bytes": {"all": {"current": allocated}}}

@@ -4,6 +4,7 @@ and a larger product hands the allocator's cache back before it allocates."""
 import pytest
 import torch
 
+from gemm_testlib import fake_stats
 from outcore.gemm import arena as arena_mod
 from outcore.gemm.arena import ALIGN, Arena
 from outcore.gemm.matmul import execute
@@ -63,8 +64,8 @@ def test_an_arena_no_cached_block_holds_empties_the_cache_first(monkeypatch):
     cached; what earlier products made does not matter (an empty_cache by someone else)."""
     calls = []
     state = {"reserved": 0, "allocated": 0, "free": []}
-    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda d=None: state["reserved"])
-    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda d=None: state["allocated"])
+    monkeypatch.setattr(torch.cuda.memory, "memory_stats_as_nested_dict",
+                        lambda d=None: fake_stats(state["reserved"], state["allocated"]))
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append("empty"))
     monkeypatch.setattr(torch.cuda, "memory_snapshot", lambda: [
         {"device": 0, "blocks": [{"state": "inactive", "size": n} for n in state["free"]]
@@ -86,3 +87,18 @@ def test_an_arena_no_cached_block_holds_empties_the_cache_first(monkeypatch):
     state["allocated"], state["reserved"], state["free"] = 0, 2 << 20, [2 << 20]
     arena_mod._make_room(dev, 4 << 20)
     assert calls == ["empty", "empty"]
+
+
+def test_cached_unused_bytes_reads_the_allocators_nested_stats_once(monkeypatch):
+    """reserved - allocated from one read of the nested dict; 0 before the allocator has
+    been used (torch returns an empty dict then)."""
+    from outcore.memory import cached_unused_bytes
+    reads = []
+
+    def stats(d=None):
+        reads.append(d)
+        return fake_stats(26 << 30, 2 << 30) if len(reads) == 1 else {}
+    monkeypatch.setattr(torch.cuda.memory, "memory_stats_as_nested_dict", stats)
+    dev = torch.device("cuda", 0)
+    assert cached_unused_bytes(dev) == 24 << 30 and reads == [dev]
+    assert cached_unused_bytes(dev) == 0

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 import torch
 
+from gemm_testlib import fake_stats
 from outcore.errors import OutcoreError
 from outcore.gemm.matmul import matmul
 
@@ -85,8 +86,8 @@ def test_default_budget_counts_the_allocators_cached_memory_as_free(monkeypatch)
     gib = 1 << 30
     state = {"free": 100 * gib, "reserved": 0, "allocated": 0}
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda d: (state["free"], 140 * gib))
-    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda d: state["reserved"])
-    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda d: state["allocated"])
+    monkeypatch.setattr(torch.cuda.memory, "memory_stats_as_nested_dict",
+                        lambda d=None: fake_stats(state["reserved"], state["allocated"]))
     before = resolve_budget(None, dev)
     state.update(free=76 * gib, reserved=26 * gib, allocated=2 * gib)   # 24 GiB cached
     assert resolve_budget(None, dev) == before

@@ -17,6 +17,8 @@ import threading
 
 import torch
 
+from ..memory import cached_unused_bytes
+
 ALIGN = 512   # bytes: every view starts on a boundary cuBLAS and the copy engines like
 
 _lock = threading.Lock()
@@ -46,7 +48,7 @@ def _make_room(device: torch.device, nbytes: int) -> None:
     process, and an earlier test's larger arena, long freed and handed back by the test's
     own empty_cache, hid that the next product's arena fit no cached block."""
     with _lock:
-        cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+        cached = cached_unused_bytes(device)
         if cached > 0 and largest_free_block(device) < nbytes:
             # Empties every unused cached block of the process, not only old arenas: they
             # would be reused, but an arena larger than all of them makes a new segment.

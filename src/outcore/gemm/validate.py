@@ -6,6 +6,7 @@ import numpy as np
 import torch
 
 from ..errors import OutcoreError
+from ..memory import cached_unused_bytes
 from ..units import fmt_bytes, parse_bytes
 from .plan import COMPUTE, DEFAULT_COMPUTE
 
@@ -157,8 +158,7 @@ def resolve_budget(gpu_memory, devices: list[torch.device]) -> int:
             # arena, and the next call searched a plan again for a smaller device. (Session
             # 11 saw the first timed product after a warm-up run 7-50% slower than the ones
             # after it; whether this was the cause is not measured.)
-            free = torch.cuda.mem_get_info(d)[0] + torch.cuda.memory_reserved(d) - \
-                torch.cuda.memory_allocated(d)
+            free = torch.cuda.mem_get_info(d)[0] + cached_unused_bytes(d)
             if given is not None and given > free:
                 raise OutcoreError(f"gpu_memory={fmt_bytes(given)} but {d} has only "
                                    f"{fmt_bytes(free)} free: lower gpu_memory")
