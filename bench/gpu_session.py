@@ -269,6 +269,12 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
                       f"train-{lay}-t16384-f{f}-bf16" for f in (8192, 16384)
                       for lay in ("NT", "NN", "TN")), "--runs", "5", "--out",
                       "gemm-h200-s22-host"])],
+    # nvidia-h200 (session 22): s22-host2's bench cases again (its NN bf16 case at 8192
+    # features ran 29-32 ms against the record's 18-19), twice
+    "s22-host3": [(150, PY + [B + "gemm.py", "--cases", "fp32-16384," + ",".join(
+        f"train-{lay}-t16384-f{f}-bf16" for f in (8192, 16384)
+        for lay in ("NT", "NN", "TN")), "--runs", "5", "--out", f"gemm-h200-s22-host{i}"])
+        for i in (2, 3)],
     # nvidia-h200 (session 22, after s22-cache): the gemm run of record at HEAD
     "s22-record": [(420, PY + [B + "gemm.py", "--budget-s", "330"])],
     # nvidia-h200 (session 22, after a plan that caches every block stopped evicting when a
