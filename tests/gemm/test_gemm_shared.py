@@ -100,7 +100,6 @@ def test_two_workers_on_a_plan_with_a_striped_tail_are_exact(a_rows):
         assert sum(d.tiles for d in st.devices) == plan.n_tiles
 
 
-
 def test_a_worker_of_a_plan_that_caches_all_stays_in_its_arena_whatever_it_took():
     """Where the plan caches every block at its own size, a device that reaches the
     striped tail without some of its A panels gives each strip an A block of its own rows:
