@@ -65,6 +65,14 @@ class Arena:
         self.used = 0
 
     @staticmethod
+    def for_plan(device: torch.device, plan) -> "Arena":
+        """The arena of one device running `plan` (a GemmPlan): its device_bytes() and the
+        alignment of its views, one per slot and accumulator, a few more, and one per strip
+        of the tail (each may take a block of its own rows: cache.py)."""
+        return Arena(device, plan.device_bytes() + Arena.slack(
+            plan.n_slots + plan.n_acc + 4 + plan.tail_tasks))
+
+    @staticmethod
     def slack(n_buffers: int) -> int:
         """Bytes lost to alignment by `n_buffers` views at most."""
         return n_buffers * ALIGN

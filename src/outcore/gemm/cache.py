@@ -103,9 +103,10 @@ class BlockCache:
             del self.blocks[victim.key]
             slot, reuse_after = victim.slot, victim.last_use
             self.evictions += 1
-        numel = shape[0] * shape[1] if self.exact else self.slot_numel
-        if self._bufs[slot] is None or self._bufs[slot].numel() < numel:
-            # (an exact slot is never taken over by another block: see above)
+        if self._bufs[slot] is None:
+            # buffer reuse: an evicted slot's buffer is slot_numel long, as every slot of a
+            # cache that evicts; an exact slot is never taken over (see above)
+            numel = shape[0] * shape[1] if self.exact else self.slot_numel
             self._bufs[slot] = self.alloc(numel, self.dtype)
         view = self._bufs[slot][:shape[0] * shape[1]].view(shape)
         blk = Block(key, slot, view, k_on_rows, region, bounds, reuse_after=reuse_after, pins=1)

@@ -26,7 +26,6 @@ import torch
 
 from ..errors import OutcoreError
 from ..units import fmt_bytes
-from .arena import Arena
 from .model import Rates, estimate_seconds
 from .tiles import band_order, cdiv, growing_order, make_tiles, piece_spans, row_strips
 
@@ -171,13 +170,6 @@ class GemmPlan:
                   else self.n_slots * self.slot_numel * _size(self.compute_dtype))
         return _fixed_bytes(self.tile_m, self.tile_n, self.piece_k, self.n_acc, self.host_dtype,
                             self.compute) + cached
-
-    def arena_bytes(self) -> int:
-        """One device's arena (arena.py): device_bytes() and the alignment of its views,
-        one per slot and accumulator, a few more, and one per strip of the tail (each may
-        take a block of its own rows: cache.py)."""
-        return self.device_bytes() + Arena.slack(self.n_slots + self.n_acc + 4
-                                                 + self.tail_tasks)
 
     def tiles(self):
         """The C tiles in the order devices take them."""

@@ -88,7 +88,6 @@ class GemmStats:
     def to_dict(self) -> dict:
         return {"m": self.m, "n": self.n, "k": self.k, "compute": self.compute,
                 "wall_s": self.wall_s, "plan_s": self.plan_s, "tflops": self.tflops,
-                "h2d_bytes": self.h2d_bytes,
-                "d2h_bytes": self.d2h_bytes,
+                "h2d_bytes": self.h2d_bytes, "d2h_bytes": self.d2h_bytes,
                 "tiles_per_device": {d.device: d.tiles for d in self.devices},
                 "lt_gemms_per_device": {d.device: d.lt_gemms for d in self.devices}}

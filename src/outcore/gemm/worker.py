@@ -111,7 +111,7 @@ class DeviceWorker(BlockLoads):
         self.conv = torch.cuda.Stream(dev) if dev.type == "cuda" and p.needs_landing else None
         # Buffer reuse: every buffer of this product is a view of one allocation (arena.py),
         # sized by the plan; the next product reuses its segment.
-        self.arena = Arena(dev, p.arena_bytes())
+        self.arena = Arena.for_plan(dev, p)
         self.cache = BlockCache(p.n_slots, p.slot_numel, p.compute_dtype, self.arena.take,
                                 exact=p.caches_all)
         self.accs: list = [None] * p.n_acc
