@@ -246,6 +246,9 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
     # planner on the last CPU rate it measured (the default), on the best (the planner then
     # adds no group after its first move in the replayed runs of sessions 8-12), and rest +
     # 10 blocks fixed (the count of the fastest runs); then the same in the reverse order
+    # nvidia-h200 (session 23): a kernel's loads of pinned host memory (zero-copy) against
+    # the DMA engines for narrow rows, each way, beside GEMMs
+    "s23-zcopy": [(240, PY + [B + "diag/zcopy.py"])],
     "s22-rate": [(560, PY + [B + "stream_ab.py", "--variants", "balance,best-rate,fixed-10",
                              "--skip-tests", "--steps", "8", "--tag", "s22a"])],
     "s22-rate2": [(560, PY + [B + "stream_ab.py", "--variants", "fixed-10,best-rate,balance",
