@@ -131,7 +131,7 @@ def main() -> int:
         big_d.copy_(big_h, non_blocking=True)
 
     for width in WIDTHS:
-        n_rows = COPY_BYTES // (width * 4)
+        n_rows = min(ROWS, COPY_BYTES // (width * 4))
         region = host[:n_rows, :width]
         nbytes = n_rows * width * 4
         d32 = torch.empty(n_rows, width, device=dev)
