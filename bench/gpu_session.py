@@ -54,6 +54,9 @@ BF16_CASES = ",".join(["bf16-32768"] + [f"train-{lay}-t{t}-f{f}-bf16"
 # the bf16 training shapes whose plans lone.SHORT_STRIP_MAX_M changes (session 20)
 SHORT_CASES = ",".join(f"train-{lay}-t16384-f{f}-bf16" for f in (8192, 16384)
                        for lay in ("NT", "NN"))
+KCOPY_CASES = ",".join(["fp32-16384", "train-NT-t16384-f8192-fp32"] + [
+    f"train-{lay}-t{t}-f8192-bf16" for lay in ("NT", "TN") for t in (16384, 32768, 65536)])
+KCOPY_SPECS = {"none": "none", "k8": "bf16:8,fp32:8", "k16": "bf16:16,fp32:16"}
 SIDE_VARIANTS = {"side1024": ["--flat-sides", "1024,2048,4096,8192"],
                  "side2048": ["--flat-sides", "2048,4096,8192"],
                  "side512": ["--flat-sides", "512,1024,2048,4096,8192"]}
@@ -249,6 +252,15 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
     # nvidia-h200 (session 23): a kernel's loads of pinned host memory (zero-copy) against
     # the DMA engines for narrow rows, each way, beside GEMMs
     "s23-zcopy": [(240, PY + [B + "diag/zcopy.py"])],
+    # nvidia-h200 (session 23): the copy kernel's GPU tests, then narrow host rows by the
+    # copy kernel (gemm.copies.KCOPY_ROW_MAX) against the 2-D DMA on the cases whose plans
+    # have them (8 KiB: fp32's A pieces, the bf16 NT B pieces at 8192 features; 16 KiB: the
+    # TN tiles at 8192 features), two rounds in opposite orders
+    "s23-kcopy": [(60, PY + ["-m", "pytest", "-q", "tests/gemm/test_gemm_kcopy_gpu.py"])] + [
+        (80, PY + [B + "gemm.py", "--cases", KCOPY_CASES, "--runs", "5", "--kcopy", spec,
+                    "--out", f"gemm-h200-s23-kcopy-{tag}-{i}"])
+        for i, order in ((1, ("none", "k8", "k16")), (2, ("k16", "k8", "none")))
+        for tag in order for spec in [KCOPY_SPECS[tag]]],
     "s22-rate": [(560, PY + [B + "stream_ab.py", "--variants", "balance,best-rate,fixed-10",
                              "--skip-tests", "--steps", "8", "--tag", "s22a"])],
     "s22-rate2": [(560, PY + [B + "stream_ab.py", "--variants", "fixed-10,best-rate,balance",
