@@ -507,7 +507,8 @@ def main() -> int:
                                          (x.split(":") for x in args.d2h_table.split(",")))
     import outcore.gemm.copies as copies_mod
     if args.kcopy:
-        copies_mod.KCOPY_ROW_MAX = {c: 0 for c in copies_mod.KCOPY_ROW_MAX}
+        # in place: the gemm worker holds this dict, not the module's name for it
+        copies_mod.KCOPY_ROW_MAX.update((c, 0) for c in copies_mod.KCOPY_ROW_MAX)
         if args.kcopy != "none":
             copies_mod.KCOPY_ROW_MAX.update((c, int(kib) << 10) for c, kib in
                                             (x.split(":") for x in args.kcopy.split(",")))
