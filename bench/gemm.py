@@ -472,6 +472,8 @@ def main() -> int:
     ap.add_argument("--kcopy", help="host rows of at most this many KiB, by compute, go by "
                     "the copy kernel instead of the 2-D DMA (outcore.gemm.copies.KCOPY_ROW_MAX) "
                     "as COMPUTE:KIB,... (e.g. bf16:8,tf32:8), or 'none'")
+    ap.add_argument("--sm-carveout", type=int, help="SMs torch's GEMMs leave free "
+                    "(torch._C._set_sm_carveout_experimental), e.g. for the copy kernel")
     ap.add_argument("--cases", help="one GPU: comma-separated case names to run (default: "
                     "all)")
     ap.add_argument("--out", help="results file, or a bare name for bench/results/NAME.json "
@@ -512,6 +514,8 @@ def main() -> int:
         if args.kcopy != "none":
             copies_mod.KCOPY_ROW_MAX.update((c, int(kib) << 10) for c, kib in
                                             (x.split(":") for x in args.kcopy.split(",")))
+    if args.sm_carveout:
+        torch._C._set_sm_carveout_experimental(args.sm_carveout)
     t_start = time.perf_counter()
     n_gpu = 0 if args.smoke else min(args.gpus or torch.cuda.device_count(),
                                      torch.cuda.device_count())
@@ -578,7 +582,7 @@ def main() -> int:
         "short_strip_max_m": lone.SHORT_STRIP_MAX_M,
         "lone_accs": plan_mod.LONE_ACCS, "d2h_rows": model_mod.D2H_ROWS,
         "d2h_row_factor": [list(x) for x in model_mod.D2H_ROW_FACTOR],
-        "kcopy_row_max": dict(copies_mod.KCOPY_ROW_MAX),
+        "kcopy_row_max": dict(copies_mod.KCOPY_ROW_MAX), "sm_carveout": args.sm_carveout,
         "elapsed_s": time.perf_counter() - t_start, "dropped": dropped,
         "notes": ["host matrices are float32 and pinned (cudaHostRegister) in every case; "
                   "the case prefix / compute field names the arithmetic",

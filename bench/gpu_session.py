@@ -57,6 +57,9 @@ SHORT_CASES = ",".join(f"train-{lay}-t16384-f{f}-bf16" for f in (8192, 16384)
 KCOPY_CASES = ",".join(["fp32-16384", "train-NT-t16384-f8192-fp32"] + [
     f"train-{lay}-t{t}-f8192-bf16" for lay in ("NT", "TN") for t in (16384, 32768, 65536)])
 KCOPY_SPECS = {"none": "none", "k8": "bf16:8,fp32:8", "k16": "bf16:16,fp32:16"}
+KCOPY_BF16 = ",".join(f"train-{lay}-t{t}-f8192-bf16" for lay in ("NT", "TN")
+                      for t in (16384, 32768, 65536))
+CARVE_SPECS = {"none": ("none", 0), "c8": ("bf16:16", 8), "c16": ("bf16:16", 16)}
 SIDE_VARIANTS = {"side1024": ["--flat-sides", "1024,2048,4096,8192"],
                  "side2048": ["--flat-sides", "2048,4096,8192"],
                  "side512": ["--flat-sides", "512,1024,2048,4096,8192"]}
@@ -261,6 +264,15 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
                     "--out", f"gemm-h200-s23-kcopy-{tag}-{i}"])
         for i, order in ((1, ("none", "k8", "k16")), (2, ("k16", "k8", "none")))
         for tag in order for spec in [KCOPY_SPECS[tag]]],
+    # nvidia-h200 (session 23, after s23-kcopy: the copy kernel slowed every case, its
+    # blocks waiting behind GEMMs that hold every SM): the bf16 cases again with torch's
+    # GEMMs leaving 8 or 16 SMs free (--sm-carveout), two rounds in opposite orders
+    "s23-carve": [
+        (80, PY + [B + "gemm.py", "--cases", KCOPY_BF16, "--runs", "5", "--kcopy", spec]
+         + (["--sm-carveout", str(sm)] if sm else [])
+         + ["--out", f"gemm-h200-s23-carve-{tag}-{i}"])
+        for i, order in ((1, ("none", "c8", "c16")), (2, ("c16", "c8", "none")))
+        for tag in order for spec, sm in [CARVE_SPECS[tag]]],
     "s22-rate": [(560, PY + [B + "stream_ab.py", "--variants", "balance,best-rate,fixed-10",
                              "--skip-tests", "--steps", "8", "--tag", "s22a"])],
     "s22-rate2": [(560, PY + [B + "stream_ab.py", "--variants", "fixed-10,best-rate,balance",
