@@ -243,7 +243,6 @@ def run_outcore(env: Env, c: Case, devices, check: bool = True,
                 devices=[str(d) for d in devices], h2d_bytes=st.h2d_bytes,
                 d2h_bytes=st.d2h_bytes, plan=st.plan,
                 tiles_per_device={d.device: d.tiles for d in st.devices},
-                kcopy_bytes=sum(d.kcopy_bytes for d in st.devices),
                 flops_share={d.device: d.flops / st.flops for d in st.devices},
                 # the last timed run: when each worker was done (which one held C back)
                 done_s={d.device: d.t_synced - st.t_start for d in st.devices if d.t_synced})
@@ -469,11 +468,6 @@ def main() -> int:
                     "(model.D2H_ROWS; default on)")
     ap.add_argument("--d2h-table", help="model.D2H_ROW_FACTOR as KIB:FRACTION,... "
                     "(e.g. 16:0.73,32:0.97,64:1.0)")
-    ap.add_argument("--kcopy", help="host rows of at most this many KiB, by compute, go by "
-                    "the copy kernel instead of the 2-D DMA (outcore.gemm.copies.KCOPY_ROW_MAX) "
-                    "as COMPUTE:KIB,... (e.g. bf16:8,tf32:8), or 'none'")
-    ap.add_argument("--sm-carveout", type=int, help="SMs torch's GEMMs leave free "
-                    "(torch._C._set_sm_carveout_experimental), e.g. for the copy kernel")
     ap.add_argument("--cases", help="one GPU: comma-separated case names to run (default: "
                     "all)")
     ap.add_argument("--out", help="results file, or a bare name for bench/results/NAME.json "
@@ -507,15 +501,6 @@ def main() -> int:
     if args.d2h_table:
         model_mod.D2H_ROW_FACTOR = tuple((int(kib) << 10, float(f)) for kib, f in
                                          (x.split(":") for x in args.d2h_table.split(",")))
-    import outcore.gemm.copies as copies_mod
-    if args.kcopy:
-        # in place: the gemm worker holds this dict, not the module's name for it
-        copies_mod.KCOPY_ROW_MAX.update((c, 0) for c in copies_mod.KCOPY_ROW_MAX)
-        if args.kcopy != "none":
-            copies_mod.KCOPY_ROW_MAX.update((c, int(kib) << 10) for c, kib in
-                                            (x.split(":") for x in args.kcopy.split(",")))
-    if args.sm_carveout:
-        torch._C._set_sm_carveout_experimental(args.sm_carveout)
     t_start = time.perf_counter()
     n_gpu = 0 if args.smoke else min(args.gpus or torch.cuda.device_count(),
                                      torch.cuda.device_count())
@@ -582,7 +567,6 @@ def main() -> int:
         "short_strip_max_m": lone.SHORT_STRIP_MAX_M,
         "lone_accs": plan_mod.LONE_ACCS, "d2h_rows": model_mod.D2H_ROWS,
         "d2h_row_factor": [list(x) for x in model_mod.D2H_ROW_FACTOR],
-        "kcopy_row_max": dict(copies_mod.KCOPY_ROW_MAX), "sm_carveout": args.sm_carveout,
         "elapsed_s": time.perf_counter() - t_start, "dropped": dropped,
         "notes": ["host matrices are float32 and pinned (cudaHostRegister) in every case; "
                   "the case prefix / compute field names the arithmetic",

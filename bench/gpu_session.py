@@ -54,12 +54,6 @@ BF16_CASES = ",".join(["bf16-32768"] + [f"train-{lay}-t{t}-f{f}-bf16"
 # the bf16 training shapes whose plans lone.SHORT_STRIP_MAX_M changes (session 20)
 SHORT_CASES = ",".join(f"train-{lay}-t16384-f{f}-bf16" for f in (8192, 16384)
                        for lay in ("NT", "NN"))
-KCOPY_CASES = ",".join(["fp32-16384", "train-NT-t16384-f8192-fp32"] + [
-    f"train-{lay}-t{t}-f8192-bf16" for lay in ("NT", "TN") for t in (16384, 32768, 65536)])
-KCOPY_SPECS = {"none": "none", "k8": "bf16:8,fp32:8", "k16": "bf16:16,fp32:16"}
-KCOPY_BF16 = ",".join(f"train-{lay}-t{t}-f8192-bf16" for lay in ("NT", "TN")
-                      for t in (16384, 32768, 65536))
-CARVE_SPECS = {"none": ("none", 0), "c8": ("bf16:16", 8), "c16": ("bf16:16", 16)}
 SIDE_VARIANTS = {"side1024": ["--flat-sides", "1024,2048,4096,8192"],
                  "side2048": ["--flat-sides", "2048,4096,8192"],
                  "side512": ["--flat-sides", "512,1024,2048,4096,8192"]}
@@ -248,31 +242,13 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
     # nvidia-h200 (written in session 20, not run yet): the fp32 algorithms cuBLASLt offers
     # for outcore's tile shapes, timed beside torch's GEMM
     "lt-algos": [(420, PY + [B + "diag/lt_algos.py"])],
+    # nvidia-h200 (session 23): a kernel's loads of pinned host memory (zero-copy) against
+    # the DMA engines for narrow rows, each way, beside GEMMs
+    "s23-zcopy": [(240, PY + [B + "diag/zcopy.py"])],
     # nvidia-h200 (session 22): 3b-16k outcore alone, 8 measured steps each: the balance
     # planner on the last CPU rate it measured (the default), on the best (the planner then
     # adds no group after its first move in the replayed runs of sessions 8-12), and rest +
     # 10 blocks fixed (the count of the fastest runs); then the same in the reverse order
-    # nvidia-h200 (session 23): a kernel's loads of pinned host memory (zero-copy) against
-    # the DMA engines for narrow rows, each way, beside GEMMs
-    "s23-zcopy": [(240, PY + [B + "diag/zcopy.py"])],
-    # nvidia-h200 (session 23): the copy kernel's GPU tests, then narrow host rows by the
-    # copy kernel (gemm.copies.KCOPY_ROW_MAX) against the 2-D DMA on the cases whose plans
-    # have them (8 KiB: fp32's A pieces, the bf16 NT B pieces at 8192 features; 16 KiB: the
-    # TN tiles at 8192 features), two rounds in opposite orders
-    "s23-kcopy": [(60, PY + ["-m", "pytest", "-q", "tests/gemm/test_gemm_kcopy_gpu.py"])] + [
-        (80, PY + [B + "gemm.py", "--cases", KCOPY_CASES, "--runs", "5", "--kcopy", spec,
-                    "--out", f"gemm-h200-s23-kcopy-{tag}-{i}"])
-        for i, order in ((1, ("none", "k8", "k16")), (2, ("k16", "k8", "none")))
-        for tag in order for spec in [KCOPY_SPECS[tag]]],
-    # nvidia-h200 (session 23, after s23-kcopy: the copy kernel slowed every case, its
-    # blocks waiting behind GEMMs that hold every SM): the bf16 cases again with torch's
-    # GEMMs leaving 8 or 16 SMs free (--sm-carveout), two rounds in opposite orders
-    "s23-carve": [
-        (80, PY + [B + "gemm.py", "--cases", KCOPY_BF16, "--runs", "5", "--kcopy", spec]
-         + (["--sm-carveout", str(sm)] if sm else [])
-         + ["--out", f"gemm-h200-s23-carve-{tag}-{i}"])
-        for i, order in ((1, ("none", "c8", "c16")), (2, ("c16", "c8", "none")))
-        for tag in order for spec, sm in [CARVE_SPECS[tag]]],
     "s22-rate": [(560, PY + [B + "stream_ab.py", "--variants", "balance,best-rate,fixed-10",
                              "--skip-tests", "--steps", "8", "--tag", "s22a"])],
     "s22-rate2": [(560, PY + [B + "stream_ab.py", "--variants", "fixed-10,best-rate,balance",

@@ -15,14 +15,13 @@ import torch
 class Lanes:
     """The three streams of one compute device: h2d, d2h and compute (the current stream)."""
 
-    def __init__(self, device: torch.device, copy_priority: int = 0):
+    def __init__(self, device: torch.device):
         self.device = device
         self.cuda = device.type == "cuda"
         if self.cuda:
             self.compute = torch.cuda.current_stream(device)
-            # copy_priority: the copy streams' (lower is higher; it orders kernels only)
-            self.h2d = torch.cuda.Stream(device, priority=copy_priority)
-            self.d2h = torch.cuda.Stream(device, priority=copy_priority)
+            self.h2d = torch.cuda.Stream(device)
+            self.d2h = torch.cuda.Stream(device)
         else:
             self.compute = self.h2d = self.d2h = None
 

@@ -131,12 +131,3 @@ def test_a_worker_of_a_plan_that_caches_all_stays_in_its_arena_whatever_it_took(
         for t in list(took) + tail:
             assert torch.allclose(out[t.r0:t.r1, t.c0:t.c1].double(),
                                   want[t.r0:t.r1, t.c0:t.c1], rtol=1e-5, atol=1e-4)
-
-
-def test_the_copy_kernel_refuses_what_it_cannot_copy():
-    """kcopy2d answers False (nothing enqueued) for host-to-host or mismatched regions, so
-    the copier falls back to the DMA: on a machine without a GPU, always."""
-    from outcore.gemm.kcopy import kcopy2d
-    a = torch.zeros(4, 8)
-    assert not kcopy2d(a[:, :4], torch.ones(4, 4), None)
-    assert not kcopy2d(a[:, :4], torch.ones(4, 5), None)

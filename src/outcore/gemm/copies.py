@@ -19,13 +19,6 @@ from ..memory import PinnedPool
 from ..transfer import Lanes, host_wait
 from .cudacopy import copy2d
 from .hostmat import HostMatrix
-from .kcopy import kcopy2d
-
-# Host rows of at most this many bytes (a region narrower than its matrix) go by a kernel's
-# own loads and stores (kcopy.py) instead of the 2-D DMA, by the compute of the product: on
-# the H200 the DMA moves 8 KiB rows at ~34 GB/s, the kernel ~48 (zcopy-h200.json). 0: never.
-# The kernel takes a few SMs, which the compute-bound fp32 and fp64 products need.
-KCOPY_ROW_MAX = {"bf16": 0, "tf32": 0, "fp32": 0, "fp64": 0}
 
 _POOL: PinnedPool | None = None
 _POOL_LOCK = threading.Lock()
@@ -58,24 +51,12 @@ def _enqueue(dst: torch.Tensor, src: torch.Tensor, stream) -> None:
 class Copier:
     """Copies for one device worker; counts bytes in `stats` (a DeviceStats)."""
 
-    def __init__(self, lanes: Lanes, stats, stage_numel: int, kcopy_row_max: int = 0):
+    def __init__(self, lanes: Lanes, stats, stage_numel: int):
         self.lanes = lanes
-        self.kcopy_row_max = kcopy_row_max   # see KCOPY_ROW_MAX
         self.stats = stats
         self.pool = staging_pool() if lanes.cuda else None
         self.stage_numel = stage_numel
         self._writer: _Writer | None = None
-
-    def _kernel(self, dst: torch.Tensor, src: torch.Tensor, stream) -> bool:
-        """dst <- src by the copy kernel where the host side is a region whose rows are
-        at most kcopy_row_max bytes (narrower than its matrix), if possible here."""
-        host = src if dst.is_cuda else dst
-        if (host.dim() != 2 or host.is_contiguous()
-                or host.shape[1] * host.element_size() > self.kcopy_row_max
-                or not kcopy2d(dst, src, stream)):
-            return False
-        self.stats.kcopy_bytes += host.numel() * host.element_size()
-        return True
 
     def _staging(self, shape, dtype) -> tuple[torch.Tensor, torch.Tensor]:
         n = shape[0] * shape[1]
@@ -91,7 +72,7 @@ class Copier:
             return
         with L.on(L.h2d):
             src = host.direct(*region)
-            if src is not None and (self._kernel(dst, src, L.h2d) or _direct(dst, src, L.h2d)):
+            if src is not None and _direct(dst, src, L.h2d):
                 return
             base, buf = self._staging(tuple(dst.shape), host.dtype)
             host.read_into(region, buf)   # host memcpy into pinned memory (this thread waits)
@@ -111,7 +92,7 @@ class Copier:
         with L.on(L.d2h):
             L.wait(L.d2h, ready)   # stream wait: the tile is final before it is copied out
             dst = host.direct(*region)
-            if dst is not None and (self._kernel(dst, src, L.d2h) or _direct(dst, src, L.d2h)):
+            if dst is not None and _direct(dst, src, L.d2h):
                 return L.event(L.d2h)
             base, buf = self._staging(tuple(src.shape), host.dtype)
             _enqueue(buf, src, L.d2h)

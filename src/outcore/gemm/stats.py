@@ -18,7 +18,6 @@ class DeviceStats:
     h2d_bytes: int = 0
     d2h_bytes: int = 0
     staged_bytes: int = 0    # host memcpy through pinned staging (pageable / strided host data)
-    kcopy_bytes: int = 0     # of h2d and d2h, moved by the copy kernel (kcopy.py), not a DMA
     block_hits: int = 0
     block_misses: int = 0
     device_bytes: int = 0    # what its buffers took
@@ -80,10 +79,9 @@ class GemmStats:
                          "product of a shape; later ones reuse the plan)")
         for d in self.devices:
             lt = f" ({d.lt_gemms} on cuBLASLt's configured kernel)" if d.lt_gemms else ""
-            kc = f" ({fmt_bytes(d.kcopy_bytes)} by the copy kernel)" if d.kcopy_bytes else ""
             lines.append(f"  {d.device}: {d.tiles} tiles, {d.gemms} GEMMs{lt}, "
                          f"h2d {fmt_bytes(d.h2d_bytes)}, d2h {fmt_bytes(d.d2h_bytes)}, "
-                         f"staged {fmt_bytes(d.staged_bytes)}{kc}, blocks {d.block_misses} loaded / "
+                         f"staged {fmt_bytes(d.staged_bytes)}, blocks {d.block_misses} loaded / "
                          f"{d.block_hits} reused, buffers {fmt_bytes(d.device_bytes)}")
         return "\n".join(lines)
 
@@ -92,5 +90,4 @@ class GemmStats:
                 "wall_s": self.wall_s, "plan_s": self.plan_s, "tflops": self.tflops,
                 "h2d_bytes": self.h2d_bytes, "d2h_bytes": self.d2h_bytes,
                 "tiles_per_device": {d.device: d.tiles for d in self.devices},
-                "lt_gemms_per_device": {d.device: d.lt_gemms for d in self.devices},
-                "kcopy_bytes_per_device": {d.device: d.kcopy_bytes for d in self.devices}}
+                "lt_gemms_per_device": {d.device: d.lt_gemms for d in self.devices}}

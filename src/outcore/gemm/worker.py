@@ -30,7 +30,7 @@ from ..transfer import Lanes, host_wait
 from .arena import Arena
 from .cache import BlockCache
 from .clock import DeviceClock
-from .copies import KCOPY_ROW_MAX, Copier
+from .copies import Copier
 from .hostmat import HostMatrix
 from .loads import BlockLoads
 from .mmacc import mm_acc
@@ -123,16 +123,11 @@ class DeviceWorker(BlockLoads):
         self.n_cbuf = self.n_land = 0
         self.kspans = spans(p.k, p.tile_k)
         self.pspans = [p.pieces(k1 - k0) for k0, k1 in self.kspans]
-        self.copier = Copier(self.lanes, self.stats, max(p.piece_numel, p.tile_m * p.tile_n),
-                             KCOPY_ROW_MAX.get(p.compute, 0))
+        self.copier = Copier(self.lanes, self.stats, max(p.piece_numel, p.tile_m * p.tile_n))
         self.clock = DeviceClock(p.compute)
 
     def _make_lanes(self) -> Lanes:
-        # where copy kernels may run (kcopy.py), the copy streams at high priority: a copy
-        # kernel then gets SMs as a GEMM's blocks finish, not after the whole GEMM (the DMA
-        # engines ignore stream priorities)
-        kcopy = KCOPY_ROW_MAX.get(self.plan.compute, 0) > 0
-        return Lanes(self.device, copy_priority=-1 if kcopy else 0)
+        return Lanes(self.device)
 
     def _buf(self, bufs: list, i: int, numel: int, dtype, shape) -> torch.Tensor:
         if bufs[i] is None:
