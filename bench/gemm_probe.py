@@ -52,7 +52,8 @@ CASES = [
     ("bf16", N, [("a-rows", None, {}), ("a-pieces", None, NO_A_ROWS)]),
     # session 13: 8192-wide tiles (kernels 52.4 TFLOP/s against 51.0 in 4096-wide ones)
     # wait about 3 ms for their first 2048-deep pieces; plan.FIRST_PIECE cuts that wait
-    ("fp32", 16384, [("auto", None, {}), ("8192", (8192, 8192, 16384, 2048), {}),
+    ("fp32", 16384, [("auto", None, {}), ("piece4096", (4096, 4096, 16384, 4096), {}),
+                     ("8192", (8192, 8192, 16384, 2048), {}),
                      ("8192-first1024", (8192, 8192, 16384, 2048), FIRST_1024),
                      ("8192-first512", (8192, 8192, 16384, 2048), FIRST_512),
                      ("8192-strips2", (8192, 8192, 16384, 2048), STRIPS_2),
@@ -67,7 +68,11 @@ CASES = [
     ("tf32", N, [("auto", None, {}), ("rows-2048-K", (2048, N, N, N), {}),
                  ("rows-2048-8k", (2048, N, N, 8192), {})]),
 ]
-TRACED = ("auto", "rows-2048-K", "a-rows", "a-pieces")   # variants whose product also runs once under the profiler
+# variants whose product also runs once under the profiler (PROBE_TRACED: a comma list)
+TRACED = tuple(os.environ.get("PROBE_TRACED", "auto,rows-2048-K,a-rows,a-pieces").split(","))
+# with PROBE_TIMELINE=1, each traced product's whole timeline is kept too, beside the
+# results: gemm-probe-<machine>-<case>-<variant>.trace.json.gz (common.trace_timeline)
+TIMELINE = os.environ.get("PROBE_TIMELINE") == "1"
 # In-core GEMMs of the tiles' shapes (m, n, k) as the workers run them: acc += a @ b
 # ("addmm1"), a tile's first GEMM ("addmm0": addmm_ with beta=0; "mm": torch.mm(out=)).
 # Session 11's probes (gemm-probe-h200-s11a.json, gemm-probe-h200.json) timed more shapes
@@ -180,6 +185,9 @@ def main() -> int:
                 path = os.path.join(d, "trace.json")
                 prof.export_chrome_trace(path)
                 tl = common.trace_streams(path)
+                if TIMELINE:
+                    common.trace_timeline(path, common.RESULTS / (
+                        f"{args.out}-{compute}-{n}-{label}.trace.json.gz"))
             doc["runs"].append({"case": f"{compute}-{n}", "tile": label, "timeline": tl})
             print(f"timeline {compute}-{n} {label}:", json.dumps(tl, indent=1, default=str),
                   flush=True)

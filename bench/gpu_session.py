@@ -245,6 +245,12 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
     # nvidia-h200 (session 23): a kernel's loads of pinned host memory (zero-copy) against
     # the DMA engines for narrow rows, each way, beside GEMMs
     "s23-zcopy": [(240, PY + [B + "diag/zcopy.py"])],
+    # nvidia-h200 (session 23): fp32-16384's head, traced: the planner's 2048-deep pieces
+    # against 4096-deep ones (session 22: 0.996x, where the link's rates say 2-3 ms less),
+    # each product's whole timeline kept
+    "s23-head": [(240, ["env", "PROBE_TRACED=auto,piece4096", "PROBE_TIMELINE=1"] + PY
+                  + [B + "gemm_probe.py", "--only", "fp32-16384", "--no-kernels", "--out",
+                     "gemm-probe-h200-s23"])],
     # nvidia-h200 (session 22): 3b-16k outcore alone, 8 measured steps each: the balance
     # planner on the last CPU rate it measured (the default), on the best (the planner then
     # adds no group after its first move in the replayed runs of sessions 8-12), and rest +
