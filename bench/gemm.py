@@ -468,6 +468,9 @@ def main() -> int:
                     "(model.D2H_ROWS; default on)")
     ap.add_argument("--d2h-table", help="model.D2H_ROW_FACTOR as KIB:FRACTION,... "
                     "(e.g. 16:0.73,32:0.97,64:1.0)")
+    ap.add_argument("--eager-pieces", action="store_true", help="a tile's pieces all "
+                    "enqueued before its first GEMM (outcore.gemm.worker.LAZY_PIECES off; the "
+                    "rule until session 23)")
     ap.add_argument("--cases", help="one GPU: comma-separated case names to run (default: "
                     "all)")
     ap.add_argument("--out", help="results file, or a bare name for bench/results/NAME.json "
@@ -501,6 +504,9 @@ def main() -> int:
     if args.d2h_table:
         model_mod.D2H_ROW_FACTOR = tuple((int(kib) << 10, float(f)) for kib, f in
                                          (x.split(":") for x in args.d2h_table.split(",")))
+    import outcore.gemm.worker as worker_mod
+    if args.eager_pieces:
+        worker_mod.LAZY_PIECES = False
     t_start = time.perf_counter()
     n_gpu = 0 if args.smoke else min(args.gpus or torch.cuda.device_count(),
                                      torch.cuda.device_count())
@@ -567,6 +573,7 @@ def main() -> int:
         "short_strip_max_m": lone.SHORT_STRIP_MAX_M,
         "lone_accs": plan_mod.LONE_ACCS, "d2h_rows": model_mod.D2H_ROWS,
         "d2h_row_factor": [list(x) for x in model_mod.D2H_ROW_FACTOR],
+        "lazy_pieces": worker_mod.LAZY_PIECES,
         "elapsed_s": time.perf_counter() - t_start, "dropped": dropped,
         "notes": ["host matrices are float32 and pinned (cudaHostRegister) in every case; "
                   "the case prefix / compute field names the arithmetic",

@@ -54,6 +54,8 @@ BF16_CASES = ",".join(["bf16-32768"] + [f"train-{lay}-t{t}-f{f}-bf16"
 # the bf16 training shapes whose plans lone.SHORT_STRIP_MAX_M changes (session 20)
 SHORT_CASES = ",".join(f"train-{lay}-t16384-f{f}-bf16" for f in (8192, 16384)
                        for lay in ("NT", "NN"))
+LAZY_CASES = ",".join(["fp32-16384", "train-NN-t16384-f8192-fp32"] + [
+    f"train-{lay}-t16384-f{f}-bf16" for f in (8192, 16384) for lay in ("NT", "NN", "TN")])
 SIDE_VARIANTS = {"side1024": ["--flat-sides", "1024,2048,4096,8192"],
                  "side2048": ["--flat-sides", "2048,4096,8192"],
                  "side512": ["--flat-sides", "512,1024,2048,4096,8192"]}
@@ -251,6 +253,18 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
     "s23-head": [(240, ["env", "PROBE_TRACED=auto,piece4096", "PROBE_TIMELINE=1"] + PY
                   + [B + "gemm_probe.py", "--only", "fp32-16384", "--no-kernels", "--out",
                      "gemm-probe-h200-s23"])],
+    # nvidia-h200 (session 23, after a tile's pieces are enqueued as its GEMMs need them):
+    # the gemm GPU tests; fp32-16384's variants (lazy, eager, smaller first pieces), two
+    # traced; then lazy against eager on fp32-16384 and the shapes at 16384 tokens, two
+    # rounds in opposite orders
+    "s23-lazy": [(150, PY + ["-m", "pytest", "-q", "tests/gemm/test_gemm_gpu.py"]),
+                 (120, ["env", "PROBE_TRACED=auto,first512", "PROBE_TIMELINE=1"] + PY
+                  + [B + "gemm_probe.py", "--only", "fp32-16384", "--no-kernels", "--out",
+                     "gemm-probe-h200-s23-lazy"])] + [
+        (60, PY + [B + "gemm.py", "--cases", LAZY_CASES, "--runs", "5"]
+         + (["--eager-pieces"] if tag == "eager" else [])
+         + ["--out", f"gemm-h200-s23-{tag}-{i}"])
+        for i, order in ((1, ("lazy", "eager")), (2, ("eager", "lazy"))) for tag in order],
     # nvidia-h200 (session 22): 3b-16k outcore alone, 8 measured steps each: the balance
     # planner on the last CPU rate it measured (the default), on the best (the planner then
     # adds no group after its first move in the replayed runs of sessions 8-12), and rest +

@@ -65,6 +65,35 @@ class _Run:
     started: bool = False
 
 
+# Whether a tile's pieces are enqueued as its GEMMs need them (_Landings) rather than all
+# before its first GEMM (the rule until session 23; False: that rule, for bench A/Bs).
+LAZY_PIECES = True
+
+
+class _Landings:
+    """Landing times (the device clock's) of pieces p0..p1 of a tile's A and B blocks,
+    each piece's copies enqueued when its time is first read. `merged_end` reads one piece
+    past the GEMM it cuts, so a tile's first GEMM is enqueued after two pieces' copies, not
+    after all of them: at fp32-16384 the host took 2.4 ms to enqueue the first tile's 16
+    copies, and its first GEMM started then, 1 ms after its pieces had landed (session 23's
+    trace, gemm-probe-h200-s23-fp32-16384-auto.trace.json.gz)."""
+
+    def __init__(self, worker: "DeviceWorker", a, b, p0: int, p1: int):
+        self.w, self.a, self.b, self.p0, self.n = worker, a, b, p0, p1 - p0
+        self.times: list[float] = []
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> float:
+        while len(self.times) <= i:
+            p = self.p0 + len(self.times)
+            self.w._ensure(self.a, p)
+            self.w._ensure(self.b, p)
+            self.times.append(max(self.a.etas[p], self.b.etas[p]))
+        return self.times[i]
+
+
 class DeviceWorker(BlockLoads):
     """Runs tiles on `device` for `job`; counts into `stats`; `progress(n)` per tile done."""
 
@@ -211,10 +240,9 @@ class DeviceWorker(BlockLoads):
         L, job, t = self.lanes, self.job, r.tile
         a, a_row0 = self._a_block(t, kb)
         b = self._block("B", t.j, kb)
-        for p in range(p0, p1):
-            self._ensure(a, p)
-            self._ensure(b, p)
-        ready = [max(a.etas[p], b.etas[p]) for p in range(p0, p1)]
+        ready = _Landings(self, a, b, p0, p1)
+        if not LAZY_PIECES:
+            ready[len(ready) - 1]   # every piece's copies enqueued before the first GEMM
         off = t.r0 - a_row0                                # a strip's first row in the block
         a_op = (a.view.t() if a.k_on_rows else a.view)[off:off + t.rows]   # rows x k
         b_op = b.view if b.k_on_rows else b.view.t()       # k x cols
@@ -228,7 +256,7 @@ class DeviceWorker(BlockLoads):
             L.wait(L.compute, b.events[s1 - 1])
             k0, k1 = a.bounds[s0][0], a.bounds[s1 - 1][1]
             lt = mm_acc(r.acc, a_op[:, k0:k1], b_op[k0:k1, :], job.alpha, r.beta)
-            self.clock.gemm(t.rows, t.cols, k1 - k0, max(ready[s:e]))
+            self.clock.gemm(t.rows, t.cols, k1 - k0, max(ready[i] for i in range(s, e)))
             r.beta = 1.0
             self.stats.gemms += 1
             self.stats.lt_gemms += lt
