@@ -265,6 +265,9 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
          + (["--eager-pieces"] if tag == "eager" else [])
          + ["--out", f"gemm-h200-s23-{tag}-{i}"])
         for i, order in ((1, ("lazy", "eager")), (2, ("eager", "lazy"))) for tag in order],
+    # nvidia-h200 (session 23, after the lazy pieces became the default): the gemm run of
+    # record at HEAD
+    "s23-record": [(420, PY + [B + "gemm.py", "--budget-s", "330"])],
     # nvidia-h200 (session 22): 3b-16k outcore alone, 8 measured steps each: the balance
     # planner on the last CPU rate it measured (the default), on the best (the planner then
     # adds no group after its first move in the replayed runs of sessions 8-12), and rest +
