@@ -50,7 +50,6 @@ STRIPS_2 = {(plan_mod, "MAX_STRIPS"): 2}
 # session 16: A's panels whole by rows (the default for bf16 since) against K pieces
 NO_A_ROWS = {(lone, "A_ROWS"): ()}
 EAGER = {(worker_mod, "LAZY_PIECES"): False}
-LAND = {(plan_mod, "LAND_STRIDED"): True}
 CASES = [
     ("bf16", N, [("a-rows", None, {}), ("a-pieces", None, NO_A_ROWS)]),
     # session 13: 8192-wide tiles (kernels 52.4 TFLOP/s against 51.0 in 4096-wide ones)
@@ -60,7 +59,6 @@ CASES = [
     ("fp32", 16384, [("auto", None, {}), ("eager", None, EAGER),
                      ("first512", None, FIRST_512), ("first1024", None, FIRST_1024),
                      ("eager-first512", None, {**EAGER, **FIRST_512}),
-                     ("land", None, LAND), ("piece4096-land", (4096, 4096, 16384, 4096), LAND),
                      ("piece4096", (4096, 4096, 16384, 4096), {}),
                      ("8192", (8192, 8192, 16384, 2048), {}),
                      ("8192-first1024", (8192, 8192, 16384, 2048), FIRST_1024),

@@ -268,8 +268,8 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
     # nvidia-h200 (session 23, after the lazy pieces became the default): the gemm run of
     # record at HEAD
     "s23-record": [(420, PY + [B + "gemm.py", "--budget-s", "330"])],
-    # nvidia-h200 (session 23): fp32-16384 with strided pieces landing contiguous first
-    # (plan.LAND_STRIDED), traced, beside the planner's
+    # nvidia-h200 (session 23, at 4371896, whose plan.LAND_STRIDED has gone since): fp32-16384
+    # with strided pieces landing contiguous first, traced, beside the planner's
     "s23-land": [(150, ["env", "PROBE_TRACED=land,piece4096-land", "PROBE_TIMELINE=1"] + PY
                   + [B + "gemm_probe.py", "--only", "fp32-16384", "--no-kernels", "--out",
                      "gemm-probe-h200-s23-land"])],

@@ -113,7 +113,7 @@ class BlockLoads:
         """dst (part of blk's view) <- host[region] in the compute dtype; returns the event
         after which dst holds it. first: blk's first copy (its slot may still be read)."""
         L = self.lanes
-        if not self.plan.needs_landing or (dst.dtype == host.dtype and dst.is_contiguous()):
+        if not self.plan.needs_landing:
             if first:
                 L.wait(L.h2d, blk.reuse_after)   # buffer reuse: the slot's last GEMM is done
             self.copier.h2d(dst, host, region)

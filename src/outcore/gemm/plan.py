@@ -60,12 +60,6 @@ LONE_ACCS = 4
 # Session 14, two H200s at fp32-32768: 2048-wide tiles (the rule below) ran 94.0 TFLOP/s,
 # 1.79x one GPU in 8192-wide ones. False: that rule again.
 SHARED_LONE_TILES = True
-# Opt-in (session 23, measured by bench/gemm_probe.py): pieces whose place in their block is
-# strided (A's K pieces; a transposed B's) land in a contiguous buffer and are copied into
-# the block on the device, as a bf16 product's pieces are converted, also where the
-# compute dtype is the host's. fp32-16384's trace had A's 2-D copies at 35 GB/s while GEMMs
-# ran and at 51 alone, B's (contiguous on the device) at 50-54 both ways.
-LAND_STRIDED = False
 
 
 @dataclass(frozen=True)
@@ -165,7 +159,7 @@ class GemmPlan:
 
     @property
     def needs_landing(self) -> bool:
-        return self.host_dtype != self.compute_dtype or LAND_STRIDED
+        return self.host_dtype != self.compute_dtype
 
     @property
     def needs_cbuf(self) -> bool:
@@ -220,7 +214,7 @@ def _fixed_bytes(tm, tn, pk, n_acc, host_dtype, compute) -> int:
     b = n_acc * tm * tn * _size(adt)
     if host_dtype != adt:
         b += 2 * tm * tn * _size(host_dtype)
-    if host_dtype != cdt or LAND_STRIDED:
+    if host_dtype != cdt:
         b += 2 * max(tm, tn) * pk * _size(host_dtype)
     return b
 
@@ -285,8 +279,7 @@ def make_plan(m: int, n: int, k: int, *, host_dtype: torch.dtype, compute: str, 
     from . import lone, model
     args = (m, n, k, host_dtype, compute, budget, tile, n_devices, device_type, tuple(layout),
             lone.FLAT_TILES, FIRST_PIECE, SHARED_LONE_TILES, MAX_STRIPS,
-            MIN_STRIP.get(device_type), lone.settings(), model.settings(), LONE_ACCS,
-            LAND_STRIDED)
+            MIN_STRIP.get(device_type), lone.settings(), model.settings(), LONE_ACCS)
     if rates is not None:
         return _search(*args, rates)
     return _cached_search(*args)
@@ -302,7 +295,7 @@ def _cached_search(*args) -> GemmPlan:
 
 def _search(m, n, k, host_dtype, compute, budget, tile, n_devices, device_type, layout,
             flat, first_piece, shared_lone, _max_strips, _min_strip, _lone_settings,
-            _model_settings, lone_accs, _land_strided, rates) -> GemmPlan:
+            _model_settings, lone_accs, rates) -> GemmPlan:
     """make_plan's work, on its normalized arguments (the strip settings, read by
     with_strips, lone.settings() and model.settings() are in them only to key the plan
     cache)."""
