@@ -273,6 +273,11 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
     "s23-land": [(150, ["env", "PROBE_TRACED=land,piece4096-land", "PROBE_TIMELINE=1"] + PY
                   + [B + "gemm_probe.py", "--only", "fp32-16384", "--no-kernels", "--out",
                      "gemm-probe-h200-s23-land"])],
+    # nvidia-h200 (session 23): four bf16 training shapes under 0.85 of the bound, traced
+    # (the link's use each way by tenths of the product)
+    "s23-trace": [(150, PY + [B + "diag/gemm_trace.py", "train-NT-t16384-f8192-bf16",
+                              "train-NN-t16384-f8192-bf16", "train-TN-t16384-f8192-bf16",
+                              "train-TN-t16384-f16384-bf16"])],
     # nvidia-h200 (session 22): 3b-16k outcore alone, 8 measured steps each: the balance
     # planner on the last CPU rate it measured (the default), on the best (the planner then
     # adds no group after its first move in the replayed runs of sessions 8-12), and rest +
