@@ -278,6 +278,15 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
     "s23-trace": [(150, PY + [B + "diag/gemm_trace.py", "train-NT-t16384-f8192-bf16",
                               "train-NN-t16384-f8192-bf16", "train-TN-t16384-f8192-bf16",
                               "train-TN-t16384-f16384-bf16"])],
+    # nvidia-h200 (session 23, after Lanes.on switches streams by set_stream): its GPU
+    # test, then the new switch against torch.cuda.stream() on the lazy A/B's cases, two
+    # rounds in opposite orders
+    "s23-ctx": [(90, PY + ["-m", "pytest", "-q", "tests/gemm/test_gemm_gpu.py", "-k",
+                           "lanes_on or matches_float64"])] + [
+        (60, PY + [B + "gemm.py", "--cases", LAZY_CASES, "--runs", "5"]
+         + (["--torch-stream-ctx"] if tag == "ctx" else [])
+         + ["--out", f"gemm-h200-s23-{tag}-{i}"])
+        for i, order in ((1, ("light", "ctx")), (2, ("ctx", "light"))) for tag in order],
     # nvidia-h200 (session 22): 3b-16k outcore alone, 8 measured steps each: the balance
     # planner on the last CPU rate it measured (the default), on the best (the planner then
     # adds no group after its first move in the replayed runs of sessions 8-12), and rest +

@@ -261,3 +261,22 @@ def test_outcore_fp32_products_take_the_cublaslt_path_where_measured():
         assert used == 0
     matmul(A, B, C, devices=0, compute="tf32", tile=(512, 640))   # TF32: cuBLAS's own pick
     assert ltmm.calls - before == used
+
+
+@pytest.mark.parametrize("light", [True, False])
+def test_lanes_on_switches_the_current_stream_and_back(light, monkeypatch):
+    """Lanes.on makes its stream current for the enclosed work (nested too) and puts the
+    one before back, by set_stream (transfer.LIGHT_STREAM_CTX) or torch's context."""
+    from outcore import transfer
+    monkeypatch.setattr(transfer, "LIGHT_STREAM_CTX", light)
+    L = transfer.Lanes(torch.device("cuda", 0))
+    before = torch.cuda.current_stream()
+    with L.on(L.h2d):
+        assert torch.cuda.current_stream() == L.h2d
+        x = torch.ones(1 << 20, device="cuda")   # enqueued on h2d
+        with L.on(L.d2h):
+            assert torch.cuda.current_stream() == L.d2h
+        assert torch.cuda.current_stream() == L.h2d
+    assert torch.cuda.current_stream() == before
+    L.h2d.synchronize()
+    assert float(x.sum()) == float(1 << 20)
