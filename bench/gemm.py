@@ -472,7 +472,7 @@ def main() -> int:
                     "enqueued before its first GEMM (outcore.gemm.worker.LAZY_PIECES off; the "
                     "rule until session 23)")
     ap.add_argument("--torch-stream-ctx", action="store_true", help="the workers switch "
-                    "streams by torch.cuda.stream() (outcore.transfer.LIGHT_STREAM_CTX off; "
+                    "streams by torch.cuda.stream() (outcore.gemm.worker.LIGHT_STREAM_CTX off; "
                     "the rule until session 23)")
     ap.add_argument("--cases", help="one GPU: comma-separated case names to run (default: "
                     "all)")
@@ -510,9 +510,8 @@ def main() -> int:
     import outcore.gemm.worker as worker_mod
     if args.eager_pieces:
         worker_mod.LAZY_PIECES = False
-    import outcore.transfer as transfer_mod
     if args.torch_stream_ctx:
-        transfer_mod.LIGHT_STREAM_CTX = False
+        worker_mod.LIGHT_STREAM_CTX = False
     t_start = time.perf_counter()
     n_gpu = 0 if args.smoke else min(args.gpus or torch.cuda.device_count(),
                                      torch.cuda.device_count())
@@ -579,7 +578,7 @@ def main() -> int:
         "short_strip_max_m": lone.SHORT_STRIP_MAX_M,
         "lone_accs": plan_mod.LONE_ACCS, "d2h_rows": model_mod.D2H_ROWS,
         "d2h_row_factor": [list(x) for x in model_mod.D2H_ROW_FACTOR],
-        "lazy_pieces": worker_mod.LAZY_PIECES, "light_stream_ctx": transfer_mod.LIGHT_STREAM_CTX,
+        "lazy_pieces": worker_mod.LAZY_PIECES, "light_stream_ctx": worker_mod.LIGHT_STREAM_CTX,
         "elapsed_s": time.perf_counter() - t_start, "dropped": dropped,
         "notes": ["host matrices are float32 and pinned (cudaHostRegister) in every case; "
                   "the case prefix / compute field names the arithmetic",

@@ -278,9 +278,9 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
     "s23-trace": [(150, PY + [B + "diag/gemm_trace.py", "train-NT-t16384-f8192-bf16",
                               "train-NN-t16384-f8192-bf16", "train-TN-t16384-f8192-bf16",
                               "train-TN-t16384-f16384-bf16"])],
-    # nvidia-h200 (session 23, after Lanes.on switches streams by set_stream): its GPU
-    # test, then the new switch against torch.cuda.stream() on the lazy A/B's cases, two
-    # rounds in opposite orders
+    # nvidia-h200 (session 23, at 61e17df, after Lanes.on switches streams by set_stream;
+    # the switch is the gemm worker's alone since): its GPU test, then the new switch
+    # against torch.cuda.stream() on the lazy A/B's cases, two rounds in opposite orders
     "s23-ctx": [(90, PY + ["-m", "pytest", "-q", "tests/gemm/test_gemm_gpu.py", "-k",
                            "lanes_on or matches_float64"])] + [
         (60, PY + [B + "gemm.py", "--cases", LAZY_CASES, "--runs", "5"]

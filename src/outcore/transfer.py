@@ -15,9 +15,10 @@ import torch
 class Lanes:
     """The three streams of one compute device: h2d, d2h and compute (the current stream)."""
 
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, light: bool = False):
         self.device = device
         self.cuda = device.type == "cuda"
+        self.light = light   # `on` by torch.cuda.set_stream (_StreamOn), see there
         if self.cuda:
             self.compute = torch.cuda.current_stream(device)
             self.h2d = torch.cuda.Stream(device)
@@ -53,22 +54,15 @@ class Lanes:
         """Run the enclosed work on `stream` (no-op on the CPU)."""
         if not (self.cuda and stream is not None):
             return contextlib.nullcontext()
-        return _StreamOn(stream) if LIGHT_STREAM_CTX else torch.cuda.stream(stream)
-
-
-# Whether Lanes.on switches streams by torch.cuda.set_stream (_StreamOn) rather than the
-# torch.cuda.stream() context (False: that, for bench A/Bs). The context looks the current
-# device up twice per entry (about 15 us on the H200 host), and the gemm worker enters
-# three a tile: at 16384 tokens and 8192 features a bf16 product's 32 strips are issued
-# about as fast as the host can (session 23's trace: the h2d stream idle 0.37 ms between
-# 0.31 ms copies, host_setup's profile: the issuing loop busy 15.8 of 17.2 ms).
-LIGHT_STREAM_CTX = True
+        return _StreamOn(stream) if self.light else torch.cuda.stream(stream)
 
 
 class _StreamOn:
-    """`stream` current for the enclosed work, the one before it current again after;
-    torch.cuda.stream() where the current device is not the stream's (that context also
-    puts the other device's stream back)."""
+    """`stream` current for the enclosed work, the one before it current again after, by
+    torch.cuda.set_stream; torch.cuda.stream() where the current device is not the
+    stream's (that context also puts the other device's stream back). The context looks
+    the current device up twice an entry, which counts where the host issues work about
+    as fast as the device runs it (the gemm worker: gemm/worker.py LIGHT_STREAM_CTX)."""
     __slots__ = ("stream", "index", "prev", "ctx")
 
     def __init__(self, stream):

@@ -264,12 +264,11 @@ def test_outcore_fp32_products_take_the_cublaslt_path_where_measured():
 
 
 @pytest.mark.parametrize("light", [True, False])
-def test_lanes_on_switches_the_current_stream_and_back(light, monkeypatch):
+def test_lanes_on_switches_the_current_stream_and_back(light):
     """Lanes.on makes its stream current for the enclosed work (nested too) and puts the
-    one before back, by set_stream (transfer.LIGHT_STREAM_CTX) or torch's context."""
+    one before back, by set_stream (light, the gemm worker's) or torch's context."""
     from outcore import transfer
-    monkeypatch.setattr(transfer, "LIGHT_STREAM_CTX", light)
-    L = transfer.Lanes(torch.device("cuda", 0))
+    L = transfer.Lanes(torch.device("cuda", 0), light=light)
     before = torch.cuda.current_stream()
     with L.on(L.h2d):
         assert torch.cuda.current_stream() == L.h2d

@@ -65,6 +65,16 @@ class _Run:
     started: bool = False
 
 
+# Whether the worker's lanes switch streams by torch.cuda.set_stream (transfer._StreamOn)
+# rather than torch.cuda.stream()'s context (False: that, the rule until session 23, for
+# bench A/Bs). The worker enters three a tile, and at 16384 tokens the bf16 products'
+# 512-row strips were issued at the host's pace: the h2d stream idled 0.37 ms between
+# 0.31 ms copies with nothing on the device to wait for (gemm-trace-h200.json), and
+# host_setup's profile had the issuing loop busy 15.8 of 17.2 ms. Session 23's A/B
+# (gemm-h200-s23-{light,ctx}-*.json): the six bf16 shapes at 16384 tokens 1.02-1.06x
+# faster with it, the fp32 ones the same.
+LIGHT_STREAM_CTX = True
+
 # Whether a tile's pieces are enqueued as its GEMMs need them (_Landings) rather than all
 # before its first GEMM (the rule until session 23; False: that rule, for bench A/Bs).
 LAZY_PIECES = True
@@ -156,7 +166,7 @@ class DeviceWorker(BlockLoads):
         self.clock = DeviceClock(p.compute)
 
     def _make_lanes(self) -> Lanes:
-        return Lanes(self.device)
+        return Lanes(self.device, light=LIGHT_STREAM_CTX)
 
     def _buf(self, bufs: list, i: int, numel: int, dtype, shape) -> torch.Tensor:
         if bufs[i] is None:
