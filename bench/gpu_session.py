@@ -287,6 +287,8 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
          + (["--torch-stream-ctx"] if tag == "ctx" else [])
          + ["--out", f"gemm-h200-s23-{tag}-{i}"])
         for i, order in ((1, ("light", "ctx")), (2, ("ctx", "light"))) for tag in order],
+    # nvidia-h200 (session 23): the gemm GPU tests at the session's last engine
+    "s23-tests": [(60, PY + ["-m", "pytest", "-q", "tests/gemm/test_gemm_gpu.py"])],
     # nvidia-h200 (session 22): 3b-16k outcore alone, 8 measured steps each: the balance
     # planner on the last CPU rate it measured (the default), on the best (the planner then
     # adds no group after its first move in the replayed runs of sessions 8-12), and rest +
