@@ -287,7 +287,8 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
          + (["--torch-stream-ctx"] if tag == "ctx" else [])
          + ["--out", f"gemm-h200-s23-{tag}-{i}"])
         for i, order in ((1, ("light", "ctx")), (2, ("ctx", "light"))) for tag in order],
-    # nvidia-h200 (session 23): the gemm GPU tests at the session's last engine
+    # nvidia-h200 (written in session 23, not run: its device time ran out): the gemm GPU
+    # tests at the session's last engine
     "s23-tests": [(60, PY + ["-m", "pytest", "-q", "tests/gemm/test_gemm_gpu.py"])],
     # nvidia-h200 (session 22): 3b-16k outcore alone, 8 measured steps each: the balance
     # planner on the last CPU rate it measured (the default), on the best (the planner then
