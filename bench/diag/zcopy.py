@@ -27,7 +27,9 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
+from copy_rows import seconds, timed  # noqa: E402   (its events around a stream's work)
 
 from outcore.gemm.cudacopy import copy2d  # noqa: E402
 from outcore.memory import pin_  # noqa: E402
@@ -82,20 +84,6 @@ def kcopy(dst: torch.Tensor, src: torch.Tensor, tile=(8, 1024, 8), programs: int
         grid = (triton.cdiv(rows, br), triton.cdiv(cols, bc))
         _copy2d[grid](src, dst, rows, cols, src.stride(0), dst.stride(0),
                       BR=br, BC=bc, num_warps=warps)
-
-
-def timed(stream, fn):
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    with torch.cuda.stream(stream):
-        a.record(stream)
-        fn()
-        b.record(stream)
-    return a, b
-
-
-def seconds(pair) -> float:
-    pair[1].synchronize()   # host sync: the timed work is done before its time is read
-    return pair[0].elapsed_time(pair[1]) / 1e3
 
 
 def rate(dev, s_main, s_other, fn, nbytes, other=None):
