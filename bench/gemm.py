@@ -469,7 +469,7 @@ def main() -> int:
     ap.add_argument("--d2h-table", help="model.D2H_ROW_FACTOR as KIB:FRACTION,... "
                     "(e.g. 16:0.73,32:0.97,64:1.0)")
     ap.add_argument("--eager-pieces", action="store_true", help="a tile's pieces all "
-                    "enqueued before its first GEMM (outcore.gemm.worker.LAZY_PIECES off; the "
+                    "enqueued before its first GEMM (outcore.gemm.loads.LAZY_PIECES off; the "
                     "rule until session 23)")
     ap.add_argument("--torch-stream-ctx", action="store_true", help="the workers switch "
                     "streams by torch.cuda.stream() (outcore.gemm.worker.LIGHT_STREAM_CTX off; "
@@ -507,9 +507,10 @@ def main() -> int:
     if args.d2h_table:
         model_mod.D2H_ROW_FACTOR = tuple((int(kib) << 10, float(f)) for kib, f in
                                          (x.split(":") for x in args.d2h_table.split(",")))
+    import outcore.gemm.loads as loads_mod
     import outcore.gemm.worker as worker_mod
     if args.eager_pieces:
-        worker_mod.LAZY_PIECES = False
+        loads_mod.LAZY_PIECES = False
     if args.torch_stream_ctx:
         worker_mod.LIGHT_STREAM_CTX = False
     t_start = time.perf_counter()
@@ -578,7 +579,7 @@ def main() -> int:
         "short_strip_max_m": lone.SHORT_STRIP_MAX_M,
         "lone_accs": plan_mod.LONE_ACCS, "d2h_rows": model_mod.D2H_ROWS,
         "d2h_row_factor": [list(x) for x in model_mod.D2H_ROW_FACTOR],
-        "lazy_pieces": worker_mod.LAZY_PIECES, "light_stream_ctx": worker_mod.LIGHT_STREAM_CTX,
+        "lazy_pieces": loads_mod.LAZY_PIECES, "light_stream_ctx": worker_mod.LIGHT_STREAM_CTX,
         "elapsed_s": time.perf_counter() - t_start, "dropped": dropped,
         "notes": ["host matrices are float32 and pinned (cudaHostRegister) in every case; "
                   "the case prefix / compute field names the arithmetic",

@@ -32,7 +32,7 @@ from gemm import fill_, median_s  # noqa: E402
 import outcore.gemm.lone as lone  # noqa: E402
 import outcore.gemm.mmacc as mmacc  # noqa: E402
 import outcore.gemm.plan as plan_mod  # noqa: E402
-import outcore.gemm.worker as worker_mod  # noqa: E402
+import outcore.gemm.loads as loads_mod  # noqa: E402
 from outcore.gemm.matmul import matmul  # noqa: E402
 from outcore.memory import pin_  # noqa: E402
 
@@ -49,12 +49,12 @@ STRIPS_8 = {(plan_mod, "MAX_STRIPS"): 8, (plan_mod, "MIN_STRIP"): {"cuda": 256, 
 STRIPS_2 = {(plan_mod, "MAX_STRIPS"): 2}
 # session 16: A's panels whole by rows (the default for bf16 since) against K pieces
 NO_A_ROWS = {(lone, "A_ROWS"): ()}
-EAGER = {(worker_mod, "LAZY_PIECES"): False}
+EAGER = {(loads_mod, "LAZY_PIECES"): False}
 CASES = [
     ("bf16", N, [("a-rows", None, {}), ("a-pieces", None, NO_A_ROWS)]),
     # session 13: 8192-wide tiles (kernels 52.4 TFLOP/s against 51.0 in 4096-wide ones)
     # wait about 3 ms for their first 2048-deep pieces; plan.FIRST_PIECE cuts that wait
-    # session 23: a tile's pieces enqueued as its GEMMs need them (worker.LAZY_PIECES)
+    # session 23: a tile's pieces enqueued as its GEMMs need them (loads.LAZY_PIECES)
     # against all before its first GEMM, and with it smaller first pieces
     ("fp32", 16384, [("auto", None, {}), ("eager", None, EAGER),
                      ("first512", None, FIRST_512), ("first1024", None, FIRST_1024),

@@ -3,7 +3,8 @@
 A mixin of DeviceWorker (worker.py), which owns the state it reads: the plan and job, the
 block cache, the copier, the lanes and the conversion stream, the device clock, and the
 landing buffers (host-dtype pieces converted on the device when the compute dtype
-differs from the host's). Nothing here blocks the host.
+differs from the host's). Nothing here blocks the host. `Landings` is a tile's pieces'
+landing times, its copies enqueued as the worker's GEMM cuts read them.
 """
 
 from __future__ import annotations
@@ -131,3 +132,35 @@ class BlockLoads:
             dst.copy_(land)
         self.land_free[q] = L.event(self.conv)
         return self.land_free[q]
+
+
+# Whether a tile's pieces are enqueued as its GEMMs need them (Landings) rather than all
+# before its first GEMM (the rule until session 23; False: that rule, for bench A/Bs).
+LAZY_PIECES = True
+
+
+class Landings:
+    """Landing times (the device clock's) of pieces p0..p1 of a tile's A and B blocks,
+    each piece's copies enqueued when its time is first read. `merged_end` reads one piece
+    past the GEMM it cuts, so a tile's first GEMM is enqueued after two pieces' copies, not
+    after all of them. At fp32-16384 the first GEMM had started 2.45 ms after the first
+    copy, 1 ms after its pieces had landed, behind the host's enqueueing of the tile's 16
+    copies (session 23's trace, gemm-probe-h200-s23-fp32-16384-auto.trace.json.gz); with
+    this it starts as they land (1.47 ms). End to end: fp32 the same (its first tile is
+    bound by its copies), the bf16 shapes at 16384 tokens 0.98-1.05x (gemm-h200-s23-
+    {lazy,eager}-*.json)."""
+
+    def __init__(self, worker: "BlockLoads", a, b, p0: int, p1: int):
+        self.w, self.a, self.b, self.p0, self.n = worker, a, b, p0, p1 - p0
+        self.times: list[float] = []
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> float:
+        while len(self.times) <= i:
+            p = self.p0 + len(self.times)
+            self.w._ensure(self.a, p)
+            self.w._ensure(self.b, p)
+            self.times.append(max(self.a.etas[p], self.b.etas[p]))
+        return self.times[i]

@@ -32,7 +32,8 @@ from .cache import BlockCache
 from .clock import DeviceClock
 from .copies import Copier
 from .hostmat import HostMatrix
-from .loads import BlockLoads
+from . import loads
+from .loads import BlockLoads, Landings
 from .mmacc import mm_acc
 from .model import merged_end
 from .plan import GemmPlan
@@ -70,39 +71,10 @@ class _Run:
 # bench A/Bs). The worker enters three a tile, and at 16384 tokens the bf16 products'
 # 512-row strips were issued at the host's pace: the h2d stream idled 0.37 ms between
 # 0.31 ms copies with nothing on the device to wait for (gemm-trace-h200.json), and
-# host_setup's profile had the issuing loop busy 15.8 of 17.2 ms. Session 23's A/B
+# host_setup's profile (under cProfile) had the issuing loop busy 15.8 of 17.2 ms. Session 23's A/B
 # (gemm-h200-s23-{light,ctx}-*.json): the six bf16 shapes at 16384 tokens 1.02-1.06x
 # faster with it, the fp32 ones the same.
 LIGHT_STREAM_CTX = True
-
-# Whether a tile's pieces are enqueued as its GEMMs need them (_Landings) rather than all
-# before its first GEMM (the rule until session 23; False: that rule, for bench A/Bs).
-LAZY_PIECES = True
-
-
-class _Landings:
-    """Landing times (the device clock's) of pieces p0..p1 of a tile's A and B blocks,
-    each piece's copies enqueued when its time is first read. `merged_end` reads one piece
-    past the GEMM it cuts, so a tile's first GEMM is enqueued after two pieces' copies, not
-    after all of them: at fp32-16384 the host took 2.4 ms to enqueue the first tile's 16
-    copies, and its first GEMM started then, 1 ms after its pieces had landed (session 23's
-    trace, gemm-probe-h200-s23-fp32-16384-auto.trace.json.gz)."""
-
-    def __init__(self, worker: "DeviceWorker", a, b, p0: int, p1: int):
-        self.w, self.a, self.b, self.p0, self.n = worker, a, b, p0, p1 - p0
-        self.times: list[float] = []
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int) -> float:
-        while len(self.times) <= i:
-            p = self.p0 + len(self.times)
-            self.w._ensure(self.a, p)
-            self.w._ensure(self.b, p)
-            self.times.append(max(self.a.etas[p], self.b.etas[p]))
-        return self.times[i]
-
 
 class DeviceWorker(BlockLoads):
     """Runs tiles on `device` for `job`; counts into `stats`; `progress(n)` per tile done."""
@@ -250,8 +222,8 @@ class DeviceWorker(BlockLoads):
         L, job, t = self.lanes, self.job, r.tile
         a, a_row0 = self._a_block(t, kb)
         b = self._block("B", t.j, kb)
-        ready = _Landings(self, a, b, p0, p1)
-        if not LAZY_PIECES:
+        ready = Landings(self, a, b, p0, p1)
+        if not loads.LAZY_PIECES:
             ready[len(ready) - 1]   # every piece's copies enqueued before the first GEMM
         off = t.r0 - a_row0                                # a strip's first row in the block
         a_op = (a.view.t() if a.k_on_rows else a.view)[off:off + t.rows]   # rows x k
