@@ -153,6 +153,8 @@ class Landings:
     def __init__(self, worker: "BlockLoads", a, b, p0: int, p1: int):
         self.w, self.a, self.b, self.p0, self.n = worker, a, b, p0, p1 - p0
         self.times: list[float] = []
+        if not LAZY_PIECES and self.n:
+            self[self.n - 1]   # every piece's copies enqueued before the first GEMM
 
     def __len__(self) -> int:
         return self.n

@@ -32,7 +32,6 @@ from .cache import BlockCache
 from .clock import DeviceClock
 from .copies import Copier
 from .hostmat import HostMatrix
-from . import loads
 from .loads import BlockLoads, Landings
 from .mmacc import mm_acc
 from .model import merged_end
@@ -71,10 +70,11 @@ class _Run:
 # bench A/Bs). The worker enters three a tile, and at 16384 tokens the bf16 products'
 # 512-row strips were issued at the host's pace: the h2d stream idled 0.37 ms between
 # 0.31 ms copies with nothing on the device to wait for (gemm-trace-h200.json), and
-# host_setup's profile (under cProfile) had the issuing loop busy 15.8 of 17.2 ms. Session 23's A/B
-# (gemm-h200-s23-{light,ctx}-*.json): the six bf16 shapes at 16384 tokens 1.02-1.06x
-# faster with it, the fp32 ones the same.
+# host_setup's profile (under cProfile) had the issuing loop busy 15.8 of 17.2 ms.
+# Session 23's A/B (gemm-h200-s23-{light,ctx}-*.json): the six bf16 shapes at 16384
+# tokens 1.02-1.06x faster with it, the fp32 ones the same.
 LIGHT_STREAM_CTX = True
+
 
 class DeviceWorker(BlockLoads):
     """Runs tiles on `device` for `job`; counts into `stats`; `progress(n)` per tile done."""
@@ -223,8 +223,6 @@ class DeviceWorker(BlockLoads):
         a, a_row0 = self._a_block(t, kb)
         b = self._block("B", t.j, kb)
         ready = Landings(self, a, b, p0, p1)
-        if not loads.LAZY_PIECES:
-            ready[len(ready) - 1]   # every piece's copies enqueued before the first GEMM
         off = t.r0 - a_row0                                # a strip's first row in the block
         a_op = (a.view.t() if a.k_on_rows else a.view)[off:off + t.rows]   # rows x k
         b_op = b.view if b.k_on_rows else b.view.t()       # k x cols
