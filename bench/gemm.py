@@ -50,6 +50,7 @@ from common import Hog  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BLOCK_DIMS = (2048, 4096, 8192)
+FORCED_TILE: tuple | None = None   # --tile: outcore's C tiles, matmul(tile=)
 DTYPE = {"bf16": torch.bfloat16, "fp64": torch.float64}
 @dataclass
 class Case:
@@ -229,7 +230,8 @@ def run_incore(env: Env, c: Case, dev: torch.device) -> dict:
 def run_outcore(env: Env, c: Case, devices, check: bool = True,
                 system: str = "outcore") -> dict:
     A, B, C = env.views(c)
-    kw = dict(transa=c.transa, transb=c.transb, compute=c.compute, devices=list(devices))
+    kw = dict(transa=c.transa, transb=c.transb, compute=c.compute, devices=list(devices),
+              tile=FORCED_TILE)
     stats = []
 
     def once():
@@ -474,6 +476,13 @@ def main() -> int:
     ap.add_argument("--torch-stream-ctx", action="store_true", help="the workers switch "
                     "streams by torch.cuda.stream() (outcore.gemm.worker.LIGHT_STREAM_CTX off; "
                     "the rule until session 23)")
+    ap.add_argument("--split-copies", type=int, help="2-D copies of rows at most "
+                    "--split-row-kib wide go as this many bands of rows on as many streams "
+                    "(outcore.gemm.copies.SPLIT_STREAMS; default 1: one copy)")
+    ap.add_argument("--split-row-kib", type=int, help="widest rows a split copy takes, KiB "
+                    "(outcore.gemm.copies.SPLIT_ROW_MAX; default 16)")
+    ap.add_argument("--tile", help="ROWS,COLS: outcore's C tiles in every case, as "
+                    "matmul(tile=) forces them (default: the planner's)")
     ap.add_argument("--cases", help="one GPU: comma-separated case names to run (default: "
                     "all)")
     ap.add_argument("--out", help="results file, or a bare name for bench/results/NAME.json "
@@ -513,6 +522,14 @@ def main() -> int:
         loads_mod.LAZY_PIECES = False
     if args.torch_stream_ctx:
         worker_mod.LIGHT_STREAM_CTX = False
+    import outcore.gemm.copies as copies_mod
+    if args.split_copies:
+        copies_mod.SPLIT_STREAMS = args.split_copies
+    if args.split_row_kib:
+        copies_mod.SPLIT_ROW_MAX = args.split_row_kib << 10
+    global FORCED_TILE
+    if args.tile:
+        FORCED_TILE = tuple(int(x) for x in args.tile.split(","))
     t_start = time.perf_counter()
     n_gpu = 0 if args.smoke else min(args.gpus or torch.cuda.device_count(),
                                      torch.cuda.device_count())
@@ -580,6 +597,8 @@ def main() -> int:
         "lone_accs": plan_mod.LONE_ACCS, "d2h_rows": model_mod.D2H_ROWS,
         "d2h_row_factor": [list(x) for x in model_mod.D2H_ROW_FACTOR],
         "lazy_pieces": loads_mod.LAZY_PIECES, "light_stream_ctx": worker_mod.LIGHT_STREAM_CTX,
+        "split_streams": copies_mod.SPLIT_STREAMS, "split_row_max": copies_mod.SPLIT_ROW_MAX,
+        "forced_tile": list(FORCED_TILE) if FORCED_TILE else None,
         "elapsed_s": time.perf_counter() - t_start, "dropped": dropped,
         "notes": ["host matrices are float32 and pinned (cudaHostRegister) in every case; "
                   "the case prefix / compute field names the arithmetic",
