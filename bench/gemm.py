@@ -42,7 +42,7 @@ from tqdm import tqdm
 from outcore.gemm.cli import check_sampled
 from outcore.gemm.cublasxt import CublasXt
 from outcore.gemm.matmul import matmul
-from outcore.memory import pin_
+from outcore.memory import host_empty, pin_
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
@@ -481,6 +481,8 @@ def main() -> int:
                     "(outcore.gemm.copies.SPLIT_STREAMS; default 1: one copy)")
     ap.add_argument("--split-row-kib", type=int, help="widest rows a split copy takes, KiB "
                     "(outcore.gemm.copies.SPLIT_ROW_MAX; default 16)")
+    ap.add_argument("--huge-pages", action="store_true", help="the host matrices in "
+                    "transparent huge pages (outcore.memory.host_empty) instead of torch.empty")
     ap.add_argument("--tile", help="ROWS,COLS: outcore's C tiles in every case, as "
                     "matmul(tile=) forces them (default: the planner's)")
     ap.add_argument("--cases", help="one GPU: comma-separated case names to run (default: "
@@ -560,7 +562,8 @@ def main() -> int:
         env.keep = keep
     numel = max(max(c.m * c.k, c.k * c.n, c.m * c.n) for c in cases)
     t0 = time.perf_counter()
-    env.bufs = [torch.empty(numel) for _ in range(3)]
+    alloc = host_empty if args.huge_pages else torch.empty
+    env.bufs = [alloc(numel) for _ in range(3)]
     for b in env.bufs:
         fill_(b)
     # page-locked once (cudaHostRegister in place; a small buffer comes back as a pinned
@@ -599,6 +602,7 @@ def main() -> int:
         "lazy_pieces": loads_mod.LAZY_PIECES, "light_stream_ctx": worker_mod.LIGHT_STREAM_CTX,
         "split_streams": copies_mod.SPLIT_STREAMS, "split_row_max": copies_mod.SPLIT_ROW_MAX,
         "forced_tile": list(FORCED_TILE) if FORCED_TILE else None,
+        "huge_pages": args.huge_pages,
         "elapsed_s": time.perf_counter() - t_start, "dropped": dropped,
         "notes": ["host matrices are float32 and pinned (cudaHostRegister) in every case; "
                   "the case prefix / compute field names the arithmetic",

@@ -295,6 +295,13 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
     # nvidia-h200 (written in session 23, not run: its device time ran out): the gemm GPU
     # tests at the session's last engine
     "s23-tests": [(60, PY + ["-m", "pytest", "-q", "tests/gemm/test_gemm_gpu.py"])],
+    # nvidia-h200 (session 24): the rate of narrow-row 2-D copies by how the host matrix's
+    # pages were made; then the gemm bench on host matrices in huge pages against
+    # torch.empty's, on the split A/B's cases, two rounds in opposite orders
+    "s24-pages": [(120, PY + [B + "diag/page_backing.py"])] + [
+        (70, PY + [B + "gemm.py", "--cases", SPLIT_CASES, "--runs", "5"]
+         + (["--huge-pages"] if tag == "huge" else []) + ["--out", f"gemm-h200-s24-{tag}-{i}"])
+        for i, order in ((1, ("huge", "small")), (2, ("small", "huge"))) for tag in order],
     # nvidia-h200 (session 24, after copies.SPLIT_STREAMS): the gemm GPU tests at HEAD (the
     # split copies' among them); 2-D copies of narrow rows split over 1-4 streams, alone
     # and beside a copy the other way; then split copies (2 streams, rows up to 16 KiB)
