@@ -42,7 +42,7 @@ from tqdm import tqdm
 from outcore.gemm.cli import check_sampled
 from outcore.gemm.cublasxt import CublasXt
 from outcore.gemm.matmul import matmul
-from outcore.memory import host_empty, pin_
+from outcore.memory import pin_
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
@@ -476,13 +476,6 @@ def main() -> int:
     ap.add_argument("--torch-stream-ctx", action="store_true", help="the workers switch "
                     "streams by torch.cuda.stream() (outcore.gemm.worker.LIGHT_STREAM_CTX off; "
                     "the rule until session 23)")
-    ap.add_argument("--split-copies", type=int, help="2-D copies of rows at most "
-                    "--split-row-kib wide go as this many bands of rows on as many streams "
-                    "(outcore.gemm.copies.SPLIT_STREAMS; default 1: one copy)")
-    ap.add_argument("--split-row-kib", type=int, help="widest rows a split copy takes, KiB "
-                    "(outcore.gemm.copies.SPLIT_ROW_MAX; default 16)")
-    ap.add_argument("--huge-pages", action="store_true", help="the host matrices in "
-                    "transparent huge pages (outcore.memory.host_empty) instead of torch.empty")
     ap.add_argument("--tile", help="ROWS,COLS: outcore's C tiles in every case, as "
                     "matmul(tile=) forces them (default: the planner's)")
     ap.add_argument("--cases", help="one GPU: comma-separated case names to run (default: "
@@ -524,11 +517,6 @@ def main() -> int:
         loads_mod.LAZY_PIECES = False
     if args.torch_stream_ctx:
         worker_mod.LIGHT_STREAM_CTX = False
-    import outcore.gemm.copies as copies_mod
-    if args.split_copies:
-        copies_mod.SPLIT_STREAMS = args.split_copies
-    if args.split_row_kib:
-        copies_mod.SPLIT_ROW_MAX = args.split_row_kib << 10
     global FORCED_TILE
     if args.tile:
         FORCED_TILE = tuple(int(x) for x in args.tile.split(","))
@@ -562,8 +550,7 @@ def main() -> int:
         env.keep = keep
     numel = max(max(c.m * c.k, c.k * c.n, c.m * c.n) for c in cases)
     t0 = time.perf_counter()
-    alloc = host_empty if args.huge_pages else torch.empty
-    env.bufs = [alloc(numel) for _ in range(3)]
+    env.bufs = [torch.empty(numel) for _ in range(3)]
     for b in env.bufs:
         fill_(b)
     # page-locked once (cudaHostRegister in place; a small buffer comes back as a pinned
@@ -600,9 +587,7 @@ def main() -> int:
         "lone_accs": plan_mod.LONE_ACCS, "d2h_rows": model_mod.D2H_ROWS,
         "d2h_row_factor": [list(x) for x in model_mod.D2H_ROW_FACTOR],
         "lazy_pieces": loads_mod.LAZY_PIECES, "light_stream_ctx": worker_mod.LIGHT_STREAM_CTX,
-        "split_streams": copies_mod.SPLIT_STREAMS, "split_row_max": copies_mod.SPLIT_ROW_MAX,
         "forced_tile": list(FORCED_TILE) if FORCED_TILE else None,
-        "huge_pages": args.huge_pages,
         "elapsed_s": time.perf_counter() - t_start, "dropped": dropped,
         "notes": ["host matrices are float32 and pinned (cudaHostRegister) in every case; "
                   "the case prefix / compute field names the arithmetic",

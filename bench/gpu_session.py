@@ -56,11 +56,6 @@ SHORT_CASES = ",".join(f"train-{lay}-t16384-f{f}-bf16" for f in (8192, 16384)
                        for lay in ("NT", "NN"))
 LAZY_CASES = ",".join(["fp32-16384", "train-NN-t16384-f8192-fp32"] + [
     f"train-{lay}-t16384-f{f}-bf16" for f in (8192, 16384) for lay in ("NT", "NN", "TN")])
-# session 24's split copies: the cases whose copies have rows narrower than 32 KiB (fp32's
-# 4096-wide tiles: A's pieces 8 KiB, B's and C's 16 KiB; TN's C tiles and B pieces)
-SPLIT_CASES = ",".join(["fp32-16384", "train-NT-t16384-f8192-fp32",
-                        "train-TN-t16384-f8192-bf16", "train-TN-t16384-f16384-bf16",
-                        "train-TN-t32768-f16384-bf16"])
 SIDE_VARIANTS = {"side1024": ["--flat-sides", "1024,2048,4096,8192"],
                  "side2048": ["--flat-sides", "2048,4096,8192"],
                  "side512": ["--flat-sides", "512,1024,2048,4096,8192"]}
@@ -295,28 +290,10 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
     # nvidia-h200 (written in session 23, not run: its device time ran out): the gemm GPU
     # tests at the session's last engine
     "s23-tests": [(60, PY + ["-m", "pytest", "-q", "tests/gemm/test_gemm_gpu.py"])],
-    # nvidia-h200 (session 24): the rate of narrow-row 2-D copies by how the host matrix's
-    # pages were made; then the gemm bench on host matrices in huge pages against
-    # torch.empty's, on the split A/B's cases, two rounds in opposite orders
-    "s24-pages": [(120, PY + [B + "diag/page_backing.py"])] + [
-        (70, PY + [B + "gemm.py", "--cases", SPLIT_CASES, "--runs", "5"]
-         + (["--huge-pages"] if tag == "huge" else []) + ["--out", f"gemm-h200-s24-{tag}-{i}"])
-        for i, order in ((1, ("huge", "small")), (2, ("small", "huge"))) for tag in order],
-    # nvidia-h200 (session 24, after copies.SPLIT_STREAMS): the gemm GPU tests at HEAD (the
-    # split copies' among them); 2-D copies of narrow rows split over 1-4 streams, alone
-    # and beside a copy the other way; then split copies (2 streams, rows up to 16 KiB)
-    # against one copy on the shapes with narrow rows, two rounds in opposite orders; and
-    # TN at 16384 tokens and features in 4096-wide column strips, both ways
-    "s24-split": [(120, PY + ["-m", "pytest", "-q", "tests/gemm/test_gemm_gpu.py"]),
-                  (60, PY + [B + "diag/split_rows.py"])] + [
-        (70, PY + [B + "gemm.py", "--cases", SPLIT_CASES, "--runs", "5"]
-         + (["--split-copies", "2"] if tag == "split2" else [])
-         + ["--out", f"gemm-h200-s24-{tag}-{i}"])
-        for i, order in ((1, ("split1", "split2")), (2, ("split2", "split1")))
-        for tag in order] + [
-        (40, PY + [B + "gemm.py", "--cases", "train-TN-t16384-f16384-bf16", "--runs", "5",
-                   "--tile", "16384,4096"] + (["--split-copies", "2"] if tag == "split2" else [])
-         + ["--out", f"gemm-h200-s24-tn4096-{tag}"]) for tag in ("split1", "split2")],
+    # nvidia-h200 (session 24; split copies and the --huge-pages host matrices were measured
+    # at 6d306ff and a8c73e1, by steps s24-split and s24-pages, and left the library
+    # since): the gemm run of record at HEAD
+    "s24-record": [(420, PY + [B + "gemm.py", "--budget-s", "330"])],
     # nvidia-h200 (session 22): 3b-16k outcore alone, 8 measured steps each: the balance
     # planner on the last CPU rate it measured (the default), on the best (the planner then
     # adds no group after its first move in the replayed runs of sessions 8-12), and rest +

@@ -9,13 +9,14 @@ rows 64 KiB apart. This allocates a 1 GiB host matrix TRIALS times in each of se
 ways, registers it (cudaHostRegister, as outcore.memory.pin_ does) or takes it pinned
 from torch, and times 2-D copies of 8 and 16 KiB rows at 64 and 128 KiB pitch each way
 (median of RUNS): `torch` (torch.empty, filled by parallel copies: the bench's way),
-`serial` (filled by one thread), `huge` (outcore.memory.host_empty: transparent huge
-pages, where the kernel allows them), `cudahost` (torch's pinned
+`serial` (filled by one thread), `huge` (an anonymous mapping advised MADV_HUGEPAGE, 2 MiB
+aligned: transparent huge pages, where the kernel allows them), `cudahost` (torch's pinned
 allocator, cudaHostAlloc). Writes bench/results/page-backing-<machine>.json, a table last.
 """
 
 from __future__ import annotations
 
+import mmap
 import os
 import statistics
 import sys
@@ -26,12 +27,23 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import common  # noqa: E402
 
 from outcore.gemm.cudacopy import copy2d  # noqa: E402
-from outcore.memory import host_empty, pin_, unpin_  # noqa: E402
+from outcore.memory import pin_, unpin_  # noqa: E402
 
 NBYTES = 1 << 30
 TRIALS = 3
 RUNS = 5
 GEOMETRIES = ((8, 64), (8, 128), (16, 128))     # (row KiB, pitch KiB)
+HUGE_PAGE = 2 << 20
+
+
+def huge_empty(n: int) -> torch.Tensor:
+    """n fp32 elements, uninitialized, in an anonymous mapping advised MADV_HUGEPAGE and
+    2 MiB aligned (the tensor holds the mapping while any view of it lives)."""
+    m = mmap.mmap(-1, n * 4 + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    m.madvise(mmap.MADV_HUGEPAGE)
+    whole = torch.frombuffer(m, dtype=torch.uint8)
+    skip = (-whole.data_ptr()) % HUGE_PAGE
+    return whole[skip:skip + n * 4].view(torch.float32)
 
 
 def anon_huge_kib() -> int:
@@ -58,7 +70,7 @@ def make(kind: str):
     """A flat fp32 tensor of NBYTES made the `kind` way, filled."""
     n = NBYTES // 4
     if kind == "huge":
-        t = host_empty(n)
+        t = huge_empty(n)
         t.fill_(1.0)
         return t
     if kind == "cudahost":

@@ -279,21 +279,3 @@ def test_lanes_on_switches_the_current_stream_and_back(light):
     assert torch.cuda.current_stream() == before
     L.h2d.synchronize()
     assert float(x.sum()) == float(1 << 20)
-
-
-@pytest.mark.parametrize("streams", [2, 3])
-@pytest.mark.parametrize("compute", ["fp32", "bf16"])
-def test_split_copies_match_float64(streams, compute, monkeypatch):
-    """2-D copies of narrow rows as bands over several streams (copies.SPLIT_STREAMS), in
-    both directions (C's tiles are narrower than C), with beta: against float64, and every
-    band's bytes counted once."""
-    from outcore.gemm import copies
-    monkeypatch.setattr(copies, "SPLIT_STREAMS", streams)
-    A, B, C = _data(1000, 1100, 900, True)
-    C0 = C.clone()
-    out, st = matmul(A, B, C, alpha=0.5, beta=2.0, devices=0, compute=compute,
-                     tile=(256, 320), return_stats=True)
-    check_close(out, A.double().numpy(), B.double().numpy(), C0.double().numpy(), 0.5, 2.0,
-                compute)
-    assert st.devices[0].staged_bytes == 0      # every copy went by DMA, none staged
-    assert st.devices[0].d2h_bytes == 1000 * 1100 * 4

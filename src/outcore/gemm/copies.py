@@ -1,8 +1,7 @@
 """Moving 2-D regions between a HostMatrix and one device, on that device's copy streams.
 
 Fast path: a region of a pinned, row-major host matrix is copied by DMA directly (one 2-D
-copy, or with SPLIT_STREAMS > 1 one per band of its rows on as many streams, where its rows
-are narrow: `_Bands`). Otherwise the region goes through a pinned staging buffer: a host memcpy in the
+copy). Otherwise the region goes through a pinned staging buffer: a host memcpy in the
 calling thread, then the DMA, for inputs; the DMA, then a host memcpy in a writer thread,
 for the output (so the thread issuing GPU work never waits for a copy to finish).
 
@@ -34,55 +33,12 @@ def staging_pool() -> PinnedPool:
         return _POOL
 
 
-# 2-D copies (rows narrower than their matrix) whose rows are at most SPLIT_ROW_MAX bytes
-# go as SPLIT_STREAMS bands of rows, each on a stream of its own (1: one copy, the rule
-# until session 24). One 2-D DMA of 8 KiB rows moved ~33 GB/s on the H200 against 55 for
-# contiguous rows, where a kernel's loads of the same rows moved 47-50 (zcopy-h200.json):
-# one copy engine's row rate, not the link, bounds it.
-SPLIT_STREAMS = 1
-SPLIT_ROW_MAX = 16 << 10
-
-
-def _direct(dst: torch.Tensor, src: torch.Tensor, stream, bands=None) -> bool:
-    """Enqueue dst <- src as one DMA on the current (copy) stream if that is possible
-    (as bands of rows over `bands`' streams where they take it)."""
+def _direct(dst: torch.Tensor, src: torch.Tensor, stream) -> bool:
+    """Enqueue dst <- src as one DMA on the current (copy) stream if that is possible."""
     if dst.is_contiguous() and src.is_contiguous():
         dst.copy_(src, non_blocking=True)
         return True
-    if bands is not None and bands.takes(dst, src):
-        return bands.copy(dst, src, stream)
     return copy2d(dst, src, stream)
-
-
-class _Bands:
-    """Extra copy streams of one direction: a 2-D copy of narrow rows as one band of rows
-    per stream, the first on the caller's stream, which afterwards waits for the others
-    (so an event recorded there after the copy covers every band)."""
-
-    def __init__(self, device: torch.device, n: int):
-        self.streams = [torch.cuda.Stream(device) for _ in range(n - 1)]
-
-    def takes(self, dst: torch.Tensor, src: torch.Tensor) -> bool:
-        host = src if dst.is_cuda else dst
-        return (host.shape[1] * host.element_size() <= SPLIT_ROW_MAX
-                and host.shape[0] > len(self.streams))
-
-    def copy(self, dst: torch.Tensor, src: torch.Tensor, stream) -> bool:
-        n, k = dst.shape[0], len(self.streams) + 1
-        cuts = [n * i // k for i in range(k + 1)]
-        if not copy2d(dst[:cuts[1]], src[:cuts[1]], stream):
-            return False      # no 2-D copy on this machine: the caller stages
-        fork = torch.cuda.Event()
-        fork.record(stream)
-        for s, r0, r1 in zip(self.streams, cuts[1:], cuts[2:]):
-            # Stream wait: a band starts after what the main stream waited for before the
-            # copy (its buffer's reuse, the tile's readiness), which `fork` follows.
-            s.wait_event(fork)
-            copy2d(dst[r0:r1], src[r0:r1], s)
-            joined = torch.cuda.Event()
-            joined.record(s)
-            stream.wait_event(joined)   # stream wait: the copy ends when every band has
-        return True
 
 
 def _enqueue(dst: torch.Tensor, src: torch.Tensor, stream) -> None:
@@ -101,9 +57,6 @@ class Copier:
         self.pool = staging_pool() if lanes.cuda else None
         self.stage_numel = stage_numel
         self._writer: _Writer | None = None
-        split = lanes.cuda and SPLIT_STREAMS > 1
-        self.bands_in = _Bands(lanes.device, SPLIT_STREAMS) if split else None
-        self.bands_out = _Bands(lanes.device, SPLIT_STREAMS) if split else None
 
     def _staging(self, shape, dtype) -> tuple[torch.Tensor, torch.Tensor]:
         n = shape[0] * shape[1]
@@ -119,7 +72,7 @@ class Copier:
             return
         with L.on(L.h2d):
             src = host.direct(*region)
-            if src is not None and _direct(dst, src, L.h2d, self.bands_in):
+            if src is not None and _direct(dst, src, L.h2d):
                 return
             base, buf = self._staging(tuple(dst.shape), host.dtype)
             host.read_into(region, buf)   # host memcpy into pinned memory (this thread waits)
@@ -139,7 +92,7 @@ class Copier:
         with L.on(L.d2h):
             L.wait(L.d2h, ready)   # stream wait: the tile is final before it is copied out
             dst = host.direct(*region)
-            if dst is not None and _direct(dst, src, L.d2h, self.bands_out):
+            if dst is not None and _direct(dst, src, L.d2h):
                 return L.event(L.d2h)
             base, buf = self._staging(tuple(src.shape), host.dtype)
             _enqueue(buf, src, L.d2h)

@@ -2,9 +2,8 @@
 allocator's unused bytes."""
 
 from .cudastats import cached_unused_bytes
-from .hostalloc import host_empty
 from .pinned import (PinnedPool, clear_cuda_error, host_peak_rss_bytes, host_rss_bytes, pin_,
                      unpin_, unpin_all)
 
-__all__ = ["cached_unused_bytes", "host_empty", "PinnedPool", "clear_cuda_error", "pin_", "unpin_",
+__all__ = ["cached_unused_bytes", "PinnedPool", "clear_cuda_error", "pin_", "unpin_",
            "unpin_all", "host_rss_bytes", "host_peak_rss_bytes"]
