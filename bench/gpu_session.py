@@ -56,6 +56,8 @@ SHORT_CASES = ",".join(f"train-{lay}-t16384-f{f}-bf16" for f in (8192, 16384)
                        for lay in ("NT", "NN"))
 LAZY_CASES = ",".join(["fp32-16384", "train-NN-t16384-f8192-fp32"] + [
     f"train-{lay}-t16384-f{f}-bf16" for f in (8192, 16384) for lay in ("NT", "NN", "TN")])
+T16_BF16 = ",".join(f"train-{lay}-t16384-f{f}-bf16" for f in (8192, 16384)
+                    for lay in ("NT", "NN", "TN"))
 SIDE_VARIANTS = {"side1024": ["--flat-sides", "1024,2048,4096,8192"],
                  "side2048": ["--flat-sides", "2048,4096,8192"],
                  "side512": ["--flat-sides", "512,1024,2048,4096,8192"]}
@@ -294,6 +296,22 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
     # at 6d306ff and a8c73e1, by steps s24-split and s24-pages, and left the library
     # since): the gemm run of record at HEAD
     "s24-record": [(420, PY + [B + "gemm.py", "--budget-s", "330"])],
+    # nvidia-h200 (session 24, after the record): whole-width strips of 512 rows (the
+    # default at 16384 tokens) against 1024 (--short-strip-max-m 0) on the six bf16 shapes
+    # at 16384 tokens, whose host work per strip fell with the lazy pieces and the light
+    # stream switch since session 19 chose 512; two rounds in opposite orders. Then TN at
+    # 16384 tokens and 8192 features in the planner's 4096^2 tiles and forced 8192 x 4096
+    # and 8192^2 ones (A's K pieces whole rows of A, one contiguous copy each)
+    "s24-strips": [
+        (60, PY + [B + "gemm.py", "--cases", T16_BF16, "--runs", "5"]
+         + (["--short-strip-max-m", "0"] if tag == "strip1024" else [])
+         + ["--out", f"gemm-h200-s24-{tag}-{i}"])
+        for i, order in ((1, ("strip512", "strip1024")), (2, ("strip1024", "strip512")))
+        for tag in order] + [
+        (40, PY + [B + "gemm.py", "--cases", "train-TN-t16384-f8192-bf16", "--runs", "5"]
+         + (["--tile", tile] if tile else []) + ["--out", f"gemm-h200-s24-tn8192-{name}"])
+        for name, tile in (("planner", None), ("t8192x4096", "8192,4096"),
+                           ("t8192x8192", "8192,8192"))],
     # nvidia-h200 (session 22): 3b-16k outcore alone, 8 measured steps each: the balance
     # planner on the last CPU rate it measured (the default), on the best (the planner then
     # adds no group after its first move in the replayed runs of sessions 8-12), and rest +
