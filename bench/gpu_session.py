@@ -296,6 +296,10 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
     # at 6d306ff and a8c73e1, by steps s24-split and s24-pages, and left the library
     # since): the gemm run of record at HEAD
     "s24-record": [(420, PY + [B + "gemm.py", "--budget-s", "330"])],
+    # nvidia-h200 (session 24): each product's time beside where its device arena began,
+    # for the bf16 NT and NN shapes at 16384 tokens and 8192 features (NT alternated
+    # between 19.1 and 17.8 ms, run after run, in the strips A/B)
+    "s24-alt": [(120, PY + [B + "diag/alternation.py"])],
     # nvidia-h200 (session 24, after the record): whole-width strips of 512 rows (the
     # default at 16384 tokens) against 1024 (--short-strip-max-m 0) on the six bf16 shapes
     # at 16384 tokens, whose host work per strip fell with the lazy pieces and the light
