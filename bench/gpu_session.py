@@ -300,6 +300,10 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
     # for the bf16 NT and NN shapes at 16384 tokens and 8192 features (NT alternated
     # between 19.1 and 17.8 ms, run after run, in the strips A/B)
     "s24-alt": [(120, PY + [B + "diag/alternation.py"])],
+    # nvidia-h200 (session 24): the three bf16 TN shapes under 0.85 of the bound, in the
+    # planner's tiles with copy pieces 512 to 4096 deep, round-robin in one process (the
+    # model ties them: it does not count the host's work per piece)
+    "s24-pieces": [(240, PY + [B + "diag/piece_sweep.py"])],
     # nvidia-h200 (session 24, after the record): whole-width strips of 512 rows (the
     # default at 16384 tokens) against 1024 (--short-strip-max-m 0) on the six bf16 shapes
     # at 16384 tokens, whose host work per strip fell with the lazy pieces and the light
