@@ -304,6 +304,12 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
     # planner's tiles with copy pieces 512 to 4096 deep, round-robin in one process (the
     # model ties them: it does not count the host's work per piece)
     "s24-pieces": [(240, PY + [B + "diag/piece_sweep.py"])],
+    # nvidia-h200 (session 24): TN at 16384 tokens and features traced in the planner's
+    # 8192-wide column strips and in 4096-wide ones (63 ms against 52 in s24-split)
+    "s24-tntrace": [(120, ["env", "GEMM_TRACE_TAG=s24"] + PY + [
+                        B + "diag/gemm_trace.py", "train-TN-t16384-f16384-bf16"]),
+                    (120, ["env", "GEMM_TRACE_TAG=s24-t4096", "GEMM_TRACE_TILE=16384,4096"]
+                     + PY + [B + "diag/gemm_trace.py", "train-TN-t16384-f16384-bf16"])],
     # nvidia-h200 (session 24, after the record): whole-width strips of 512 rows (the
     # default at 16384 tokens) against 1024 (--short-strip-max-m 0) on the six bf16 shapes
     # at 16384 tokens, whose host work per strip fell with the lazy pieces and the light

@@ -9,6 +9,9 @@ common.trace_streams, its whole timeline kept beside the results
 (gemm-trace-<machine>-<case>.trace.json.gz), and the link's busy share each way in tenths
 of the product's span (h2d and d2h copies' time on their streams). Writes
 bench/results/gemm-trace-<machine>.json and prints a table last.
+
+GEMM_TRACE_TILE=ROWS,COLS[,...] forces outcore's tiles (matmul(tile=)); GEMM_TRACE_TAG=T
+names the files gemm-trace-<machine>-T.json and ...-T-<case>.trace.json.gz instead.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ from outcore.gemm.matmul import matmul  # noqa: E402
 from outcore.memory import pin_  # noqa: E402
 
 TENTHS = 10
+TILE = os.environ.get("GEMM_TRACE_TILE")
+TAG = os.environ.get("GEMM_TRACE_TAG")
 
 
 def link_use(rows: list, span_us: float) -> dict:
@@ -62,14 +67,15 @@ def main() -> int:
         fill_(b)
     bufs = [pin_(b) for b in bufs]
     doc = common.header("gemm-trace")
-    name = common.machine_name()
+    name = common.machine_name() + (f"-{TAG}" if TAG else "")
     from torch.profiler import ProfilerActivity, profile
     for c in picked:
         sa = (c.k, c.m) if c.transa else (c.m, c.k)
         sb = (c.n, c.k) if c.transb else (c.k, c.n)
         A, B, C = (b[:s[0] * s[1]].view(s) for b, s in zip(bufs, (sa, sb, (c.m, c.n))))
         kw = dict(transa=c.transa, transb=c.transb, compute=c.compute, devices=0,
-                  return_stats=True)
+                  return_stats=True,
+                  tile=tuple(int(x) for x in TILE.split(",")) if TILE else None)
         st = [matmul(A, B, C, **kw)[1]]                 # warm-up: buffers, handles, plan
         runs = median_s(lambda: st.append(matmul(A, B, C, **kw)[1]), 5, lambda: None)
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
