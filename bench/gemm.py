@@ -423,6 +423,17 @@ def fill_(buf: torch.Tensor) -> None:
         done += step
 
 
+def host_matrices(c: Case) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Case c's A and B (filled) and C, each its own pinned host tensor, stored as the
+    case's layout asks (A as K x M when transa, B as N x K when transb)."""
+    sa = (c.k, c.m) if c.transa else (c.m, c.k)
+    sb = (c.n, c.k) if c.transb else (c.k, c.n)
+    A, B, C = (torch.empty(s) for s in (sa, sb, (c.m, c.n)))
+    fill_(A.view(-1))
+    fill_(B.view(-1))
+    return pin_(A), pin_(B), pin_(C)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -22,11 +22,10 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import common  # noqa: E402
-from gemm import fill_, train_cases  # noqa: E402
+from gemm import host_matrices, train_cases  # noqa: E402
 
 from outcore.gemm import arena as arena_mod  # noqa: E402
 from outcore.gemm.matmul import matmul  # noqa: E402
-from outcore.memory import pin_  # noqa: E402
 
 RUNS = 12
 CASES = ("train-NT-t16384-f8192-bf16", "train-NN-t16384-f8192-bf16")
@@ -46,12 +45,7 @@ def main() -> int:
     arena_mod.Arena.__init__ = recording_init
     rows = []
     for c in [c for c in train_cases(False) if c.name in CASES]:
-        sa = (c.k, c.m) if c.transa else (c.m, c.k)
-        sb = (c.n, c.k) if c.transb else (c.k, c.n)
-        A, B, C = (torch.empty(s) for s in (sa, sb, (c.m, c.n)))
-        fill_(A.view(-1))
-        fill_(B.view(-1))
-        A, B, C = pin_(A), pin_(B), pin_(C)
+        A, B, C = host_matrices(c)
         ptrs: dict[int, int] = {}
         for i in range(RUNS + 1):
             torch.cuda.synchronize()      # host sync: each product starts on an idle device

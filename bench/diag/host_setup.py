@@ -24,11 +24,10 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # bench/
 import common  # noqa: E402
-from gemm import fill_, square_cases, train_cases  # noqa: E402
+from gemm import host_matrices, square_cases, train_cases  # noqa: E402
 
 from outcore.gemm import matmul  # noqa: E402
 from outcore.gemm.arena import largest_free_block  # noqa: E402
-from outcore.memory import pin_  # noqa: E402
 
 RUNS = 7
 CASES = ("fp32-16384", "train-NN-t16384-f8192-bf16")
@@ -59,11 +58,7 @@ def profile_top(fn, n: int = 15) -> list[dict]:
 def measure(c) -> tuple[dict, list[dict]]:
     """Case c's row (median wall, ready and plan ms over RUNS products after a warm-up) and
     one product's host profile."""
-    sa = (c.k, c.m) if c.transa else (c.m, c.k)
-    sb = (c.n, c.k) if c.transb else (c.k, c.n)
-    A, B, C = pin_(torch.empty(sa)), pin_(torch.empty(sb)), pin_(torch.empty(c.m, c.n))
-    fill_(A.view(-1))
-    fill_(B.view(-1))
+    A, B, C = host_matrices(c)
 
     def once():
         return matmul(A, B, C, transa=c.transa, transb=c.transb, compute=c.compute,

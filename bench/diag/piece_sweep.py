@@ -22,10 +22,10 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import common  # noqa: E402
-from gemm import fill_, train_cases  # noqa: E402
+from gemm import host_matrices, train_cases  # noqa: E402
 
 from outcore.gemm.matmul import matmul  # noqa: E402
-from outcore.memory import pin_, unpin_  # noqa: E402
+from outcore.memory import unpin_  # noqa: E402
 
 ROUNDS = 7
 PIECES = (512, 1024, 2048, 4096)
@@ -41,12 +41,7 @@ def main() -> int:
         return 1
     rows = []
     for c in [c for c in train_cases(False) if c.name in CASES]:
-        sa = (c.k, c.m) if c.transa else (c.m, c.k)
-        sb = (c.n, c.k) if c.transb else (c.k, c.n)
-        A, B, C = (torch.empty(s) for s in (sa, sb, (c.m, c.n)))
-        fill_(A.view(-1))
-        fill_(B.view(-1))
-        A, B, C = pin_(A), pin_(B), pin_(C)
+        A, B, C = host_matrices(c)
         variants = [None] + [CASES[c.name] + (c.k, p) for p in PIECES]   # None: the planner
 
         def once(tile) -> tuple[float, str]:

@@ -21,7 +21,9 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
+from copy_rows import seconds  # noqa: E402   (its events around a stream's work)
 
 from outcore.gemm.cudacopy import copy2d  # noqa: E402
 from outcore.memory import pin_  # noqa: E402
@@ -57,11 +59,6 @@ def run_split(region: torch.Tensor, dbuf: torch.Tensor, way: str, streams: list)
         s0.wait_event(ev)     # stream wait: the end mark follows every band
     end.record(s0)
     return start, end
-
-
-def seconds(pair) -> float:
-    pair[1].synchronize()   # host sync: the timed copies are done before their time is read
-    return pair[0].elapsed_time(pair[1]) / 1e3
 
 
 def main() -> int:
