@@ -487,9 +487,6 @@ def main() -> int:
     ap.add_argument("--torch-stream-ctx", action="store_true", help="the workers switch "
                     "streams by torch.cuda.stream() (outcore.gemm.worker.LIGHT_STREAM_CTX off; "
                     "the rule until session 23)")
-    ap.add_argument("--dma-on-stream", choices=("on", "off"), help="direct copies by "
-                    "cudaMemcpy2DAsync on the copy stream, contiguous ones too, with no stream "
-                    "switch (outcore.gemm.copies.DMA_ON_STREAM)")
     ap.add_argument("--tile", help="ROWS,COLS: outcore's C tiles in every case, as "
                     "matmul(tile=) forces them (default: the planner's)")
     ap.add_argument("--cases", help="one GPU: comma-separated case names to run (default: "
@@ -531,9 +528,6 @@ def main() -> int:
         loads_mod.LAZY_PIECES = False
     if args.torch_stream_ctx:
         worker_mod.LIGHT_STREAM_CTX = False
-    import outcore.gemm.copies as copies_mod
-    if args.dma_on_stream:
-        copies_mod.DMA_ON_STREAM = args.dma_on_stream == "on"
     global FORCED_TILE
     if args.tile:
         FORCED_TILE = tuple(int(x) for x in args.tile.split(","))
@@ -605,7 +599,6 @@ def main() -> int:
         "d2h_row_factor": [list(x) for x in model_mod.D2H_ROW_FACTOR],
         "lazy_pieces": loads_mod.LAZY_PIECES, "light_stream_ctx": worker_mod.LIGHT_STREAM_CTX,
         "forced_tile": list(FORCED_TILE) if FORCED_TILE else None,
-        "dma_on_stream": copies_mod.DMA_ON_STREAM,
         "elapsed_s": time.perf_counter() - t_start, "dropped": dropped,
         "notes": ["host matrices are float32 and pinned (cudaHostRegister) in every case; "
                   "the case prefix / compute field names the arithmetic",

@@ -304,15 +304,8 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
     # planner's tiles with copy pieces 512 to 4096 deep, round-robin in one process (the
     # model ties them: it does not count the host's work per piece)
     "s24-pieces": [(240, PY + [B + "diag/piece_sweep.py"])],
-    # nvidia-h200 (session 24, after copies.DMA_ON_STREAM): its GPU tests and the 2-D copy's;
-    # then direct copies on their streams with no switch against the default, on lazy's
-    # cases (fp32-16384, the fp32 NN shape and the six bf16 ones at 16384 tokens), two
-    # rounds in opposite orders
-    "s24-dma": [(90, PY + ["-m", "pytest", "-q", "tests/gemm/test_gemm_gpu.py", "-k",
-                           "dma_on_stream or matches_float64 or a_rows or b_rows"])] + [
-        (60, PY + [B + "gemm.py", "--cases", LAZY_CASES, "--runs", "5", "--dma-on-stream",
-                   "on" if tag == "dma" else "off", "--out", f"gemm-h200-s24-{tag}-{i}"])
-        for i, order in ((1, ("dma", "switch")), (2, ("switch", "dma"))) for tag in order],
+    # (session 24's s24-dma, at 9f5139a: direct copies on their streams with no stream
+    # switch, copies.DMA_ON_STREAM, against the default; no faster, removed since)
     # nvidia-h200 (session 24): TN at 16384 tokens and features traced in the planner's
     # 8192-wide column strips and in 4096-wide ones (63 ms against 52 in s24-split)
     "s24-tntrace": [(120, ["env", "GEMM_TRACE_TAG=s24"] + PY + [

@@ -279,20 +279,3 @@ def test_lanes_on_switches_the_current_stream_and_back(light):
     assert torch.cuda.current_stream() == before
     L.h2d.synchronize()
     assert float(x.sum()) == float(1 << 20)
-
-
-@pytest.mark.parametrize("compute", ["fp32", "bf16"])
-@pytest.mark.parametrize("tile", [(256, 320), (384, 1100)])
-def test_dma_on_stream_matches_float64(compute, tile, monkeypatch):
-    """Direct copies by cudaMemcpy2DAsync on the copy streams, contiguous ones too, with no
-    stream switch (copies.DMA_ON_STREAM): 2-D pieces and tiles (256 x 320), whole-width
-    ones (1100 wide: B's pieces and C's tiles contiguous), with beta, against float64."""
-    from outcore.gemm import copies
-    monkeypatch.setattr(copies, "DMA_ON_STREAM", True)
-    A, B, C = _data(1000, 1100, 900, True)
-    C0 = C.clone()
-    out, st = matmul(A, B, C, alpha=0.5, beta=2.0, devices=0, compute=compute, tile=tile,
-                     return_stats=True)
-    check_close(out, A.double().numpy(), B.double().numpy(), C0.double().numpy(), 0.5, 2.0,
-                compute)
-    assert st.devices[0].staged_bytes == 0      # every copy went by DMA, none staged

@@ -33,14 +33,6 @@ def staging_pool() -> PinnedPool:
         return _POOL
 
 
-# Whether a pinned host region's direct copy goes by cudaMemcpy2DAsync on the copy stream
-# itself, contiguous ones too, with no stream switch around it (False: a contiguous one by
-# torch's copy_ on the copy stream made current, the rule until session 24). At 16384
-# tokens the bf16 products' strips are issued about as fast as the device runs them
-# (worker.LIGHT_STREAM_CTX): each switch is host work a strip.
-DMA_ON_STREAM = False
-
-
 def _direct(dst: torch.Tensor, src: torch.Tensor, stream) -> bool:
     """Enqueue dst <- src as one DMA on the current (copy) stream if that is possible."""
     if dst.is_contiguous() and src.is_contiguous():
@@ -78,10 +70,8 @@ class Copier:
         if not L.cuda:
             host.read_into(region, dst)
             return
-        src = host.direct(*region)
-        if src is not None and DMA_ON_STREAM and copy2d(dst, src, L.h2d):
-            return
         with L.on(L.h2d):
+            src = host.direct(*region)
             if src is not None and _direct(dst, src, L.h2d):
                 return
             base, buf = self._staging(tuple(dst.shape), host.dtype)
@@ -99,11 +89,9 @@ class Copier:
         if not L.cuda:
             host.write_from(region, src)
             return None
-        L.wait(L.d2h, ready)   # stream wait: the tile is final before it is copied out
-        dst = host.direct(*region)
-        if dst is not None and DMA_ON_STREAM and copy2d(dst, src, L.d2h):
-            return L.event(L.d2h)
         with L.on(L.d2h):
+            L.wait(L.d2h, ready)   # stream wait: the tile is final before it is copied out
+            dst = host.direct(*region)
             if dst is not None and _direct(dst, src, L.d2h):
                 return L.event(L.d2h)
             base, buf = self._staging(tuple(src.shape), host.dtype)
