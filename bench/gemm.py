@@ -487,8 +487,8 @@ def main() -> int:
     ap.add_argument("--torch-stream-ctx", action="store_true", help="the workers switch "
                     "streams by torch.cuda.stream() (outcore.gemm.worker.LIGHT_STREAM_CTX off; "
                     "the rule until session 23)")
-    ap.add_argument("--tile", help="ROWS,COLS: outcore's C tiles in every case, as "
-                    "matmul(tile=) forces them (default: the planner's)")
+    ap.add_argument("--tile", help="ROWS,COLS[,DEPTH[,PIECE]]: outcore's C tiles in every "
+                    "case, as matmul(tile=) forces them (default: the planner's)")
     ap.add_argument("--cases", help="one GPU: comma-separated case names to run (default: "
                     "all)")
     ap.add_argument("--out", help="results file, or a bare name for bench/results/NAME.json "

@@ -6,7 +6,8 @@ In session 24's strips A/B (gemm-h200-s24-strip*.json) the bf16 NT shape at 1638
 and 8192 features ran 19.1, 17.8, 19.1, 17.7, 19.1 ms, run after run, in each of four
 processes; the record's run of the same case, after other cases, 17.9 three times. Its
 B pieces are 2-D copies of 8 KiB rows. This runs that product and the NN one RUNS times
-each in one process (host matrices made as bench/gemm.py makes them) and records each
+each in one process (host matrices of their own, filled and pinned as bench/gemm.py
+fills and pins its buffers: `gemm.host_matrices`) and records each
 product's time with where its device arena began (the address mod 2 MiB and whether the
 address repeats), to see whether the slow runs share an arena. Writes
 bench/results/alternation-<machine>.json, a table last.

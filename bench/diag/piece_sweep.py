@@ -3,11 +3,11 @@
     PYTHONPATH=src python3 bench/diag/piece_sweep.py        # under a minute on one H200
 
 The planner's timing model (outcore/gemm/model.py) ties the bf16 TN training shapes'
-copy pieces from 256 to 4096 deep within 1% and takes the shallowest (512), though each
-piece costs the host a copy, a conversion, events and often a GEMM to issue. This runs
-each case below in the planner's tiles with pieces of each depth in PIECES, round-robin,
-ROUNDS rounds after a warm-up of each (host matrices made and pinned as bench/gemm.py
-makes them), and reports each depth's median. Writes
+copy pieces from 256 to 4096 deep within 1% and takes 512 for the 16384-tall tiles,
+though each piece costs the host a copy, a conversion, events and often a GEMM to issue.
+This runs each case below in the planner's tiles with pieces of each depth in PIECES,
+round-robin, ROUNDS rounds after a warm-up of each (host matrices of their own:
+`gemm.host_matrices`), and reports each depth's median. Writes
 bench/results/piece-sweep-<machine>.json, a table last.
 """
 
