@@ -33,15 +33,16 @@ import os
 import statistics
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
 from tqdm import tqdm
 
-from outcore.gemm.cli import check_sampled
+from outcore.gemm.cli import TOLERANCE, check_sampled
 from outcore.gemm.cublasxt import CublasXt
 from outcore.gemm.matmul import matmul
+from outcore.gemm.split import mm_acc_split, split_
 from outcore.memory import pin_
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -90,6 +91,7 @@ class Env:
     bw: dict = field(default_factory=dict)
     incore: dict = field(default_factory=dict)
     with_cpu: bool = False            # fp32 square cases: also the GPU with the CPU's band
+    tf32x3: bool = True               # fp32 cases: also the row outcore-tf32x3
     keep: set | None = None           # --cases: the case names to run (None: all)
 
     def left(self) -> float:
@@ -205,26 +207,45 @@ def measure_bandwidth(env: Env) -> dict:
 
 
 def run_incore(env: Env, c: Case, dev: torch.device) -> dict:
-    """torch.mm with everything already on `dev`; remembers the rate for the bound."""
+    """torch.mm with everything already on `dev`; remembers the rate for the bound.
+    tf32x3 (row torch-incore-tf32x3): A and B split into hi and lo parts and the three
+    TF32 GEMMs, as outcore's worker runs them (the splits timed with the GEMMs)."""
     A, B, _ = env.views(c)
     dt = DTYPE.get(c.compute, torch.float32)
     a, b = A.to(dev, dt), B.to(dev, dt)
     a, b = (a.t() if c.transa else a), (b.t() if c.transb else b)
     out = torch.empty(c.m, c.n, device=dev, dtype=dt)
+    x3 = c.compute == "tf32x3"
+    if x3:
+        hi_a, lo_a, hi_b, lo_b = (torch.empty_like(x) for x in (a, a, b, b))
+
+        def product():
+            hi_a.copy_(a)
+            hi_b.copy_(b)
+            split_(hi_a, lo_a)
+            split_(hi_b, lo_b)
+            mm_acc_split(out, hi_a, lo_a, hi_b, lo_b, 1.0, 0.0)
+    else:
+        def product():
+            torch.mm(a, b, out=out)
     before = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision("high" if c.compute == "tf32" else "highest")
+    torch.set_float32_matmul_precision("high" if c.compute in ("tf32", "tf32x3")
+                                       else "highest")
     try:
-        times = median_s(lambda: torch.mm(a, b, out=out), 1, env.sync)
-        times = median_s(lambda: torch.mm(a, b, out=out), env.runs, env.sync)
+        times = median_s(product, 1, env.sync)
+        times = median_s(product, env.runs, env.sync)
     finally:
         torch.set_float32_matmul_precision(before)
         del a, b, out
+        if x3:
+            del hi_a, lo_a, hi_b, lo_b
         if dev.type == "cuda":
             torch.cuda.empty_cache()
     t = statistics.median(times)
-    env.incore[(c.name, str(dev))] = c.flops / t
-    return c.row("torch-incore", tflops=c.flops / t / 1e12, wall_s=t, runs_s=times,
-                 device=str(dev))
+    if not x3:
+        env.incore[(c.name, str(dev))] = c.flops / t
+    return c.row("torch-incore-tf32x3" if x3 else "torch-incore", tflops=c.flops / t / 1e12,
+                 wall_s=t, runs_s=times, device=str(dev))
 
 
 def run_outcore(env: Env, c: Case, devices, check: bool = True,
@@ -249,12 +270,25 @@ def run_outcore(env: Env, c: Case, devices, check: bool = True,
                 # the last timed run: when each worker was done (which one held C back)
                 done_s={d.device: d.t_synced - st.t_start for d in st.devices if d.t_synced})
     if check:
-        rng = np.random.default_rng(0)
-        idx = list(zip(rng.integers(0, c.m, 16), rng.integers(0, c.n, 16)))
-        err, ratio = check_sampled(A, B, C, [0.0] * 16, idx, c.transa, c.transb, 1.0, 0.0,
-                                   c.compute)
-        row.update(check_max_error=err, check_tolerance_ratio=ratio, check_ok=ratio <= 1.0)
+        row.update(check_row(A, B, C, c))
     return row
+
+
+# Entries of C checked against float64 dot products: more in the fp32-accurate rows, whose
+# errors (outcore fp32 and tf32x3, cuBLASXt) the results compare
+CHECKED = {"fp32": 256, "tf32x3": 256}
+
+
+def check_row(A, B, C, c: Case) -> dict:
+    """The sampled check of C = op(A) @ op(B) as a results row's fields; check_rel_error:
+    the largest error relative to sum_k |a_ik b_kj| (the same entries in every row)."""
+    n = CHECKED.get(c.compute, 16)
+    rng = np.random.default_rng(0)
+    idx = list(zip(rng.integers(0, c.m, n), rng.integers(0, c.n, n)))
+    err, ratio = check_sampled(A, B, C, [0.0] * n, idx, c.transa, c.transb, 1.0, 0.0,
+                               c.compute)
+    return dict(check_entries=n, check_max_error=err, check_tolerance_ratio=ratio,
+                check_rel_error=ratio * TOLERANCE[c.compute], check_ok=ratio <= 1.0)
 
 
 def run_cublasxt(env: Env, c: Case, devices) -> dict:
@@ -287,7 +321,8 @@ def run_cublasxt(env: Env, c: Case, devices) -> dict:
     t = statistics.median(times)
     return c.row("cublasxt", tflops=c.flops / t / 1e12, wall_s=t, runs_s=times,
                  block_dim=best, devices=[str(d) for d in devices],
-                 tflops_by_block_dim={bd: c.flops / v[0] / 1e12 for bd, v in per_dim.items()})
+                 tflops_by_block_dim={bd: c.flops / v[0] / 1e12 for bd, v in per_dim.items()},
+                 **check_row(A, B, C, c))
 
 
 def bound_row(env: Env, c: Case, devices) -> dict:
@@ -357,6 +392,12 @@ def one_gpu(env: Env, rows: list, dropped: list, train: bool, bar) -> None:
         guarded(rows, lambda: run_incore(env, c, dev), c, "torch-incore", env, est)
         guarded(rows, lambda: bound_row(env, c, [dev]), c, "bound", env)
         guarded(rows, lambda: run_outcore(env, c, [dev]), c, "outcore", env, est)
+        if env.tf32x3 and c.compute == "fp32":
+            x3 = replace(c, compute="tf32x3")
+            guarded(rows, lambda: run_incore(env, x3, dev), x3, "torch-incore-tf32x3", env,
+                    est / 4)
+            guarded(rows, lambda: run_outcore(env, x3, [dev], system="outcore-tf32x3"), x3,
+                    "outcore-tf32x3", env, est / 2)
         if env.with_cpu and c in cases and c.compute in ("fp32", "fp64"):
             host = [dev, torch.device("cpu")]
             guarded(rows, lambda: run_outcore(env, c, host, system="outcore+cpu"), c,
@@ -457,6 +498,9 @@ def main() -> int:
     ap.add_argument("--with-cpu", action="store_true", help="one GPU, fp32 square cases: "
                     "also the row outcore+cpu, the GPU with the host's CPU multiplying a band "
                     "of C's rows (outcore.gemm.band)")
+    ap.add_argument("--no-tf32x3", action="store_true", help="one GPU, fp32 cases: skip "
+                    "the row outcore-tf32x3 (compute=\"tf32x3\": three TF32 GEMMs of split "
+                    "operands, fp32-accurate)")
     ap.add_argument("--a-rows", help="comma-separated computes whose plans may copy A's "
                     "panels whole by rows (outcore.gemm.lone.A_ROWS; default bf16, since "
                     "session 16), or 'none'")
@@ -539,7 +583,8 @@ def main() -> int:
         return 2
     devices = [torch.device("cpu")] * max(2, args.gpus or 2) if args.smoke else \
         [torch.device("cuda", i) for i in range(n_gpu)]
-    env = Env(args.smoke, args.runs, t_start + args.budget_s, devices, with_cpu=args.with_cpu)
+    env = Env(args.smoke, args.runs, t_start + args.budget_s, devices, with_cpu=args.with_cpu,
+              tf32x3=not args.no_tf32x3)
     gpus = [torch.cuda.get_device_name(d) for d in devices] if n_gpu else ["cpu"]
     slug = "h200" if "H200" in gpus[0] else gpus[0].lower().replace(" ", "-")
     machine = "cpu-smoke" if args.smoke else f"nvidia-{slug}" + (f"-x{n_gpu}" if n_gpu >= 2
@@ -619,8 +664,9 @@ def print_table(rows: list) -> None:
     for r in rows:
         by.setdefault(r["case"], {})[r["system"]] = r
     systems = ["outcore", "cublasxt", "torch-incore", "bound"]
-    if any(r["system"] == "outcore+cpu" for r in rows):
-        systems.insert(1, "outcore+cpu")
+    for extra in ("outcore-tf32x3", "outcore+cpu"):
+        if any(r["system"] == extra for r in rows):
+            systems.insert(1, extra)
     print(f"\n{'case':34s}" + "".join(f"{s:>14s}" for s in systems) + f"{'out/bound':>11s}"
           f"{'out/xt':>8s}   (TFLOP/s)")
     for case, r in by.items():
@@ -629,6 +675,19 @@ def print_table(rows: list) -> None:
         ratio = lambda a, b: f"{a / b:.2f}" if a is not None and b else "-"
         print(f"{case:34s}{cells}{ratio(vals['outcore'], vals['bound']):>11s}"
               f"{ratio(vals['outcore'], vals['cublasxt']):>8s}")
+    x3 = [r for r in rows if r["system"] == "outcore-tf32x3" and r.get("tflops")]
+    if x3:
+        print(f"\n{'case':34s}{'x3 in-core':>11s}{'x3/xt':>7s}  largest error / sum|a||b| "
+              "over the same entries: outcore fp32, outcore-tf32x3, cublasxt")
+        for r in x3:
+            got = by[r["case"]]
+            xt, inc = got.get("cublasxt", {}), got.get("torch-incore-tf32x3", {})
+            errs = [got.get(s, {}).get("check_rel_error") for s in
+                    ("outcore", "outcore-tf32x3", "cublasxt")]
+            print(f"{r['case']:34s}" + (f"{inc['tflops']:11.2f}" if inc.get("tflops")
+                                        else f"{'-':>11s}")
+                  + (f"{r['tflops'] / xt['tflops']:7.2f}" if xt.get("tflops") else f"{'-':>7s}")
+                  + "  " + "  ".join(f"{e:.2e}" if e is not None else "-" for e in errs))
 
 
 if __name__ == "__main__":

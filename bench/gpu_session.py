@@ -327,6 +327,13 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
          + (["--tile", tile] if tile else []) + ["--out", f"gemm-h200-s24-tn8192-{name}"])
         for name, tile in (("planner", None), ("t8192x4096", "8192,4096"),
                            ("t8192x8192", "8192,8192"))],
+    # nvidia-h200 (session 25): the gemm GPU tests with compute="tf32x3" (split.py), then
+    # the square fp32 cases and two fp32 training shapes with its rows beside fp32's
+    "s25-x3": [(150, PY + ["-m", "pytest", "-q", "-p", "no:warnings",
+                           "tests/gemm/test_gemm_gpu.py"]),
+               (240, PY + [B + "gemm.py", "--cases", "fp32-16384,fp32-32768,"
+                           "train-NN-t16384-f8192-fp32,train-TN-t32768-f16384-fp32", "--runs", "5",
+                           "--out", "gemm-h200-s25-x3"])],
     # nvidia-h200 (session 22): 3b-16k outcore alone, 8 measured steps each: the balance
     # planner on the last CPU rate it measured (the default), on the best (the planner then
     # adds no group after its first move in the replayed runs of sessions 8-12), and rest +

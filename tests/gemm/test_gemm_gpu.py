@@ -44,13 +44,13 @@ def _data(m, n, k, pinned, dtype=torch.float32, seed=0):
 
 
 @pytest.mark.parametrize("pinned", [True, False])
-@pytest.mark.parametrize("compute", ["fp32", "tf32", "bf16", "fp64"])
+@pytest.mark.parametrize("compute", ["fp32", "tf32", "tf32x3", "bf16", "fp64"])
 def test_gpu_matches_float64(pinned, compute):
     A, B, C = _data(1000, 700, 900, pinned)
     C0 = C.clone()
     matmul(A, B, C, alpha=0.5, beta=2.0, devices=0, compute=compute, tile=(256, 192))
     check_close(C, A.double().numpy(), B.double().numpy(), C0.double().numpy(), 0.5, 2.0,
-                {"tf32": "bf16"}.get(compute, "fp32" if compute == "fp64" else compute))
+                {"tf32": "bf16", "tf32x3": "fp32", "fp64": "fp32"}.get(compute, compute))
     if pinned:
         assert cudacopy.available() is True   # strided tiles of pinned matrices: 2-D DMA
         for x in (A, B, C):
@@ -279,3 +279,25 @@ def test_lanes_on_switches_the_current_stream_and_back(light):
     assert torch.cuda.current_stream() == before
     L.h2d.synchronize()
     assert float(x.sum()) == float(1 << 20)
+
+
+@pytest.mark.parametrize("ta,tb", [(False, False), (True, False), (False, True)])
+def test_tf32x3_is_as_exact_as_fp32_where_tf32_is_not(ta, tb):
+    """Against float64 on the GPU: compute="tf32x3" within a few times fp32's largest
+    error, and tf32's (the same GEMMs without the lo parts) far coarser; a tight budget,
+    so blocks are evicted and split again."""
+    g = torch.Generator().manual_seed(7)
+    m, n, k = 1536, 1280, 4096
+    A = pin_(torch.rand(*((k, m) if ta else (m, k)), generator=g) * 2 - 1)
+    B = pin_(torch.rand(*((n, k) if tb else (k, n)), generator=g) * 2 - 1)
+    _PINNED.extend((A, B))
+    a64, b64 = A.cuda().double(), B.cuda().double()
+    oa, ob = (a64.t() if ta else a64), (b64.t() if tb else b64)
+    ref, scale = oa @ ob, oa.abs() @ ob.abs()
+    err = {}
+    for compute in ("fp32", "tf32", "tf32x3"):
+        out = matmul(A, B, transa=ta, transb=tb, devices=0, compute=compute,
+                     gpu_memory="48MiB", tile=(512, 512, 1024))
+        err[compute] = ((out.cuda().double() - ref).abs() / scale).max().item()
+    assert err["tf32x3"] < 4 * err["fp32"], err
+    assert err["tf32"] > 30 * err["tf32x3"], err

@@ -27,7 +27,7 @@ def cases(draw):
         lc=draw(st.sampled_from(["c", "f", "step"])),
         alpha=draw(st.sampled_from([1.0, 2.5, -0.5])), beta=beta,
         with_out=beta != 0 or draw(st.booleans()),
-        compute=draw(st.sampled_from([None, "fp64", "fp32", "tf32", "bf16"])),
+        compute=draw(st.sampled_from([None, "fp64", "fp32", "tf32", "tf32x3", "bf16"])),
         tile=tile, devices=draw(st.sampled_from(["cpu", ["cpu", "cpu"], ["cpu"] * 3])),
         seed=draw(st.integers(0, 2**31 - 1)))
 
@@ -53,7 +53,7 @@ def test_matches_float64_reference(c):
     assert tuple(got.shape) == (m, n)
     compute = c["compute"] or {"float32": "fp32", "float64": "fp64", "bfloat16": "bf16"}[c["dtype"]]
     # the output is rounded to its dtype: the tolerance is the coarser of the two
-    order = ["fp64", "fp32", "tf32", "bf16"]
+    order = ["fp64", "fp32", "tf32x3", "tf32", "bf16"]
     stored = {"float32": "fp32", "float64": "fp64", "bfloat16": "bf16"}[c["dtype"]]
     tol_compute = max(compute, stored, key=order.index)
     check_close(got, a64, b64, c0, c["alpha"], c["beta"], tol_compute, c["transa"], c["transb"])

@@ -7,7 +7,9 @@
           much memory as its large B block
     block ("A", i, kb): op(A) rows of panel i, K block kb; ("B", j, kb) likewise. Its
           device view is in the host's storage order (a transposed operand stays
-          transposed, the GEMM takes it as a transposed view).
+          transposed, the GEMM takes it as a transposed view). With `split` (compute
+          tf32x3, split.py) a slot is twice as long: the block's hi part in its first
+          half (`view`), its lo part in the second (`lo`), both of the same shape.
 
 A block is loaded piece by piece (pieces along K, one event each) and only as far as it is
 needed so far, so compute on a fresh block starts after its first piece, and a schedule
@@ -35,6 +37,7 @@ class Block:
     bounds: list[tuple[int, int]]       # piece spans along K, relative to the block
     events: list = field(default_factory=list)   # per loaded piece: the event it landed with
     etas: list = field(default_factory=list)     # per loaded piece: when it should land (s)
+    lo: torch.Tensor | None = None      # split blocks: the lo part, laid out as `view`
     reuse_after: object = None          # event: the previous occupant's last GEMM
     last_use: object = None             # event: this block's last GEMM so far
     pins: int = 0
@@ -61,9 +64,9 @@ class BlockCache:
     """
 
     def __init__(self, n_slots: int, slot_numel: int, dtype: torch.dtype, alloc,
-                 exact: bool = False):
+                 exact: bool = False, split: bool = False):
         self.slot_numel, self.dtype, self.alloc = slot_numel, dtype, alloc
-        self.exact = exact
+        self.exact, self.split = exact, split
         self._bufs: list[torch.Tensor | None] = [None] * n_slots
         self._free = list(range(n_slots - 1, -1, -1))
         self.blocks: OrderedDict[tuple, Block] = OrderedDict()
@@ -107,9 +110,12 @@ class BlockCache:
             # buffer reuse: an evicted slot's buffer is slot_numel long, as every slot of a
             # cache that evicts; an exact slot is never taken over (see above)
             numel = shape[0] * shape[1] if self.exact else self.slot_numel
-            self._bufs[slot] = self.alloc(numel, self.dtype)
-        view = self._bufs[slot][:shape[0] * shape[1]].view(shape)
-        blk = Block(key, slot, view, k_on_rows, region, bounds, reuse_after=reuse_after, pins=1)
+            self._bufs[slot] = self.alloc(numel * (2 if self.split else 1), self.dtype)
+        buf, n = self._bufs[slot], shape[0] * shape[1]
+        # a split slot: hi in its first half, lo in its second (half = the slot's numel)
+        lo = buf[buf.numel() // 2:][:n].view(shape) if self.split else None
+        blk = Block(key, slot, buf[:n].view(shape), k_on_rows, region, bounds, lo=lo,
+                    reuse_after=reuse_after, pins=1)
         self.blocks[key] = blk
         return blk
 

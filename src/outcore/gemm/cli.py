@@ -21,10 +21,11 @@ from ..errors import OutcoreError
 from ..memory import pin_, unpin_
 from ..units import fmt_bytes
 from .matmul import matmul
+from .plan import COMPUTE
 
 _DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
 # allowed error, relative to sum_k |alpha a_ik b_kj| + |beta c_ij|
-_TOL = {"fp64": 1e-10, "fp32": 1e-4, "tf32": 4e-3, "bf16": 2e-2}
+TOLERANCE = {"fp64": 1e-10, "fp32": 1e-4, "tf32": 4e-3, "tf32x3": 1e-4, "bf16": 2e-2}
 
 
 def register(sub) -> None:
@@ -37,8 +38,9 @@ def register(sub) -> None:
     p.add_argument("--k", type=int, default=8192, help="inner size (default 8192)")
     p.add_argument("--dtype", choices=list(_DTYPES), default="float32",
                    help="dtype of the host matrices (default float32)")
-    p.add_argument("--compute", choices=["fp64", "fp32", "tf32", "bf16"], default=None,
-                   help="arithmetic (default: the dtype's own; bf16/tf32 accumulate in fp32)")
+    p.add_argument("--compute", choices=list(COMPUTE), default=None,
+                   help="arithmetic (default: the dtype's own; bf16/tf32 accumulate in fp32; "
+                   "tf32x3: fp32-accurate from three TF32 GEMMs of split operands)")
     p.add_argument("--devices", default=None,
                    help="'0,1', 'cuda:0', 'cpu' ... (default: every GPU, else the CPU)")
     p.add_argument("--gpu-memory", default=None, help="per-device budget, e.g. 8GiB "
@@ -87,7 +89,7 @@ def check_sampled(A, B, C, c0, idx, ta: bool, tb: bool, alpha: float, beta: floa
         ref = alpha * float(a @ b) + beta * c_init
         scale = abs(alpha) * float(np.abs(a) @ np.abs(b)) + abs(beta * c_init)
         err = abs(float(_as64(C, [i], [j])[0, 0]) - ref)
-        worst, ratio = max(worst, err), max(ratio, err / (_TOL[compute] * scale + 1e-300))
+        worst, ratio = max(worst, err), max(ratio, err / (TOLERANCE[compute] * scale + 1e-300))
     return worst, ratio
 
 

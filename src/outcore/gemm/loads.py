@@ -3,7 +3,8 @@
 A mixin of DeviceWorker (worker.py), which owns the state it reads: the plan and job, the
 block cache, the copier, the lanes and the conversion stream, the device clock, and the
 landing buffers (host-dtype pieces converted on the device when the compute dtype
-differs from the host's). Nothing here blocks the host. `Landings` is a tile's pieces'
+differs from the host's; under compute="tf32x3" each piece is also split into its hi and
+lo parts there, split.py). Nothing here blocks the host. `Landings` is a tile's pieces'
 landing times, its copies enqueued as the worker's GEMM cuts read them.
 """
 
@@ -13,6 +14,7 @@ import torch
 
 from .cache import Block
 from .hostmat import HostMatrix
+from .split import lo_part, split_
 from .tiles import Tile
 
 
@@ -118,7 +120,8 @@ class BlockLoads:
             if first:
                 L.wait(L.h2d, blk.reuse_after)   # buffer reuse: the slot's last GEMM is done
             self.copier.h2d(dst, host, region)
-            return L.event(L.h2d)
+            landed = L.event(L.h2d)
+            return landed if blk.lo is None else self._split(blk, dst, landed)
         q = self.n_land % 2
         self.n_land += 1
         land = self._buf(self.landing, q, self.plan.piece_numel, host.dtype, tuple(dst.shape))
@@ -130,8 +133,20 @@ class BlockLoads:
             if first:
                 L.wait(self.conv, blk.reuse_after)   # buffer reuse: the slot's last GEMM is done
             dst.copy_(land)
+            if blk.lo is not None:
+                split_(dst, lo_part(blk.view, blk.lo, dst))
         self.land_free[q] = L.event(self.conv)
         return self.land_free[q]
+
+    def _split(self, blk: Block, dst: torch.Tensor, landed):
+        """dst (part of blk's view, landed on h2d at event `landed`) split into its hi
+        and lo parts (split.py) on the conversion stream; the event after which both
+        hold it. The slot's last GEMM was waited for before the copy in."""
+        L = self.lanes
+        with L.on(self.conv):
+            L.wait(self.conv, landed)      # stream wait: split only what has landed
+            split_(dst, lo_part(blk.view, blk.lo, dst))
+        return L.event(self.conv)
 
 
 # Whether a tile's pieces are enqueued as its GEMMs need them (Landings) rather than all

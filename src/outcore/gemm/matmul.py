@@ -37,14 +37,15 @@ _PRECISION_LOCK = threading.RLock()
 
 @contextlib.contextmanager
 def _precision(compute: str, devices):
-    """fp32 GEMMs on GPUs in tf32 for compute="tf32", in full fp32 otherwise (the process-
+    """fp32 GEMMs on GPUs in tf32 for compute="tf32" and "tf32x3", in full fp32 otherwise (the process-
     wide setting is restored afterwards; concurrent matmul calls take turns)."""
     if not any(d.type == "cuda" for d in devices):
         yield
         return
     with _PRECISION_LOCK:
         before = torch.get_float32_matmul_precision()
-        torch.set_float32_matmul_precision("high" if compute == "tf32" else "highest")
+        torch.set_float32_matmul_precision("high" if compute in ("tf32", "tf32x3")
+                                           else "highest")
         try:
             yield
         finally:
@@ -83,9 +84,11 @@ def matmul(A, B, out=None, *, transa: bool = False, transb: bool = False, alpha:
     A: M x K (K x M if transa), B: K x N (N x K if transb), out: M x N; all host matrices
     of one dtype (float32, float64; bfloat16 for torch tensors), any strides.
     out=None: a new matrix of A's kind (torch tensor or numpy array); beta must then be 0.
-    compute: "fp64", "fp32", "tf32" or "bf16" (default: the dtype's own); tiles are
-        converted on the device, bf16 and tf32 accumulate in fp32 (a CPU worker runs
-        tf32 as fp32, and bf16 as bf16 values multiplied in fp32).
+    compute: "fp64", "fp32", "tf32", "tf32x3" or "bf16" (default: the dtype's own); tiles
+        are converted on the device, bf16 and tf32 accumulate in fp32 (a CPU worker runs
+        tf32 as fp32, and bf16 as bf16 values multiplied in fp32). "tf32x3": fp32 results
+        from three TF32 GEMMs of operands split into high and low parts (split.py), with
+        an error close to fp32's at several times its speed on tensor-core GPUs.
     devices: None (every GPU, or the CPU when there is none), "cpu", 0, "cuda:1", "0,1"
         or a list; each is a worker pulling tiles from one queue. The CPU listed beside
         GPUs ("0,cpu") instead multiplies a band of C's last rows on the host, sized by

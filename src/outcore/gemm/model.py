@@ -90,7 +90,8 @@ class Rates:
     """Per-device rates the schedule is chosen with (H200 figures from DESIGN.md; fp32's
     is the peak of `kernel_rate`'s fit)."""
     flops: dict = field(default_factory=lambda: {
-        "fp64": 60e12, "fp32": 53.6e12, "tf32": 414e12, "bf16": 801e12})
+        "fp64": 60e12, "fp32": 53.6e12, "tf32": 414e12, "tf32x3": 414e12 / 3,
+        "bf16": 801e12})
     h2d: float = 55e9
     d2h: float = 55e9
     hbm: float = 3.0e12          # device memory, read + write of an accumulator per GEMM

@@ -10,7 +10,8 @@ What one device holds (all of it counted against `budget`):
                 converted on the device, so the host is never asked to convert)
   cache         n_slots blocks of max(tile_m, tile_n) x tile_k in the compute dtype; where
                 every block is cached (`caches_all`), each block's own size instead: all
-                of op(A) and op(B), (M x K + K x N) elements, however the tiles are shaped
+                of op(A) and op(B), (M x K + K x N) elements, however the tiles are shaped;
+                twice that for a split compute (tf32x3: each block as hi + lo, split.py)
 
 The schedule is chosen here too (tile order, and for one device whether to stream the
 first part of K over all tiles first, see `estimate_seconds`), from the device rates in
@@ -34,8 +35,12 @@ COMPUTE = {
     "fp64": (torch.float64, torch.float64),
     "fp32": (torch.float32, torch.float32),
     "tf32": (torch.float32, torch.float32),
+    "tf32x3": (torch.float32, torch.float32),
     "bf16": (torch.bfloat16, torch.float32),
 }
+# Computes whose cached blocks are each held as two parts, hi + lo (split.py): the cache
+# takes twice the compute dtype's bytes per element.
+SPLIT_COMPUTES = ("tf32x3",)
 DEFAULT_COMPUTE = {torch.float64: "fp64", torch.float32: "fp32", torch.bfloat16: "bf16"}
 PIECE_BYTES = 32 << 20      # one copy (and event) per 32 MiB: compute starts early enough
 MIN_TILE = {"cuda": 64, "cpu": 4}
@@ -158,6 +163,11 @@ class GemmPlan:
         return max(1, self.piece_numel // max(1, k_len))
 
     @property
+    def splits(self) -> bool:
+        """Blocks are split into hi + lo parts as they land (split.py)."""
+        return self.compute in SPLIT_COMPUTES
+
+    @property
     def needs_landing(self) -> bool:
         return self.host_dtype != self.compute_dtype
 
@@ -167,7 +177,7 @@ class GemmPlan:
 
     def device_bytes(self) -> int:
         cached = (operand_bytes(self.m, self.n, self.k, self.compute) if self.caches_all
-                  else self.n_slots * self.slot_numel * _size(self.compute_dtype))
+                  else self.n_slots * self.slot_numel * cached_itemsize(self.compute))
         return _fixed_bytes(self.tile_m, self.tile_n, self.piece_k, self.n_acc, self.host_dtype,
                             self.compute) + cached
 
@@ -203,10 +213,15 @@ def _size(dtype: torch.dtype) -> int:
     return dtype.itemsize
 
 
+def cached_itemsize(compute: str) -> int:
+    """Bytes the block cache holds per element of op(A) or op(B) under `compute`."""
+    return _size(COMPUTE[compute][0]) * (2 if compute in SPLIT_COMPUTES else 1)
+
+
 def operand_bytes(m: int, n: int, k: int, compute: str) -> int:
     """Bytes of all of op(A) (M x K) and op(B) (K x N) in the compute dtype: what the cache
     holds when it holds every block, whatever the tiles' shape."""
-    return (m + n) * k * _size(COMPUTE[compute][0])
+    return (m + n) * k * cached_itemsize(compute)
 
 
 def _fixed_bytes(tm, tn, pk, n_acc, host_dtype, compute) -> int:
@@ -244,7 +259,7 @@ def _fit(tm, tn, k, tk_req, pk_req, host_dtype, compute, budget):
     Whole-K panels when four fit (two tiles' A and B: the next loads while this computes),
     else K cut into blocks so that four (at worst two) fit.
     """
-    row, cb = max(tm, tn), _size(COMPUTE[compute][0])
+    row, cb = max(tm, tn), cached_itemsize(compute)
     tk = min(tk_req, k) if tk_req else k
     if not tk_req:
         pk = pk_req or _piece(tm, tn, tk, host_dtype)
@@ -323,7 +338,7 @@ def _search_tiles(m, n, k, host_dtype, compute, budget, tile, n_devices, device_
                   flat, rates) -> GemmPlan:
     """The tiles, pieces and order of make_plan's plan (its first piece aside)."""
     tm_req, tn_req, tk_req, pk_req = tile
-    cb = _size(COMPUTE[compute][0])
+    cb = cached_itemsize(compute)
     if tm_req is not None:
         tm, tn = min(tm_req, m), min(tn_req, n)
         fit = _fit(tm, tn, k, tk_req, pk_req, host_dtype, compute, budget)

@@ -35,9 +35,17 @@ from .hostmat import HostMatrix
 from .loads import BlockLoads, Landings
 from .mmacc import mm_acc
 from .model import merged_end
+from .split import mm_acc_split
 from .plan import GemmPlan
 from .stats import DeviceStats
 from .tiles import Tile, spans
+
+
+def _rows_by_k(view: torch.Tensor, k_on_rows: bool) -> torch.Tensor:
+    """A block of A in storage order as op(A)'s rows x K (a transposed view where K runs
+    along the stored rows)."""
+    return view.t() if k_on_rows else view
+
 
 @dataclass
 class GemmJob:
@@ -119,12 +127,13 @@ class DeviceWorker(BlockLoads):
     def _setup(self) -> None:
         p, dev = self.plan, self.device
         self.lanes = self._make_lanes()
-        self.conv = torch.cuda.Stream(dev) if dev.type == "cuda" and p.needs_landing else None
+        self.conv = (torch.cuda.Stream(dev) if dev.type == "cuda" and (p.needs_landing or p.splits)
+                     else None)
         # Buffer reuse: every buffer of this product is a view of one allocation (arena.py),
         # sized by the plan; the next product reuses its segment.
         self.arena = Arena.for_plan(dev, p)
         self.cache = BlockCache(p.n_slots, p.slot_numel, p.compute_dtype, self.arena.take,
-                                exact=p.caches_all)
+                                exact=p.caches_all, split=p.splits)
         self.accs: list = [None] * p.n_acc
         self.acc_free: list = [None] * p.n_acc      # event: last reader of the accumulator
         self.cbufs: list = [None] * (2 if p.needs_cbuf else 0)
@@ -224,21 +233,29 @@ class DeviceWorker(BlockLoads):
         b = self._block("B", t.j, kb)
         ready = Landings(self, a, b, p0, p1)
         off = t.r0 - a_row0                                # a strip's first row in the block
-        a_op = (a.view.t() if a.k_on_rows else a.view)[off:off + t.rows]   # rows x k
+        a_op = _rows_by_k(a.view, a.k_on_rows)[off:off + t.rows]   # rows x k
         b_op = b.view if b.k_on_rows else b.view.t()       # k x cols
+        if a.lo is not None:                               # split blocks (tf32x3)
+            a_lo = _rows_by_k(a.lo, a.k_on_rows)[off:off + t.rows]
+            b_lo = b.lo if b.k_on_rows else b.lo.t()
         s = 0
         while s < len(ready):
             e = merged_end(ready, s, self.clock.comp)
             s0, s1 = p0 + s, p0 + e
             # Stream waits: the last piece of the run has landed in both blocks (earlier
-            # pieces of a block were copied before it on the same stream).
+            # pieces of a block were copied, or converted or split, before it on the same
+            # stream).
             L.wait(L.compute, a.events[s1 - 1])
             L.wait(L.compute, b.events[s1 - 1])
             k0, k1 = a.bounds[s0][0], a.bounds[s1 - 1][1]
-            lt = mm_acc(r.acc, a_op[:, k0:k1], b_op[k0:k1, :], job.alpha, r.beta)
+            if a.lo is None:
+                lt = mm_acc(r.acc, a_op[:, k0:k1], b_op[k0:k1, :], job.alpha, r.beta)
+            else:
+                lt = mm_acc_split(r.acc, a_op[:, k0:k1], a_lo[:, k0:k1], b_op[k0:k1, :],
+                                  b_lo[k0:k1, :], job.alpha, r.beta)
             self.clock.gemm(t.rows, t.cols, k1 - k0, max(ready[i] for i in range(s, e)))
             r.beta = 1.0
-            self.stats.gemms += 1
+            self.stats.gemms += 1 if a.lo is None else 3
             self.stats.lt_gemms += lt
             self.stats.flops += 2.0 * t.rows * t.cols * (k1 - k0)
             s = e

@@ -1,0 +1,56 @@
+"""compute="tf32x3": fp32 products from three TF32 tensor-core GEMMs of split operands.
+
+Each fp32 value x is split as it lands on the device into hi = x rounded to TF32 (10
+mantissa bits, to nearest) and lo = x - hi (exact in fp32, |lo| <= 2^-11 |x|). Then
+
+    a @ b  ~=  a_lo @ b_hi + a_hi @ b_lo + a_hi @ b_hi
+
+in three TF32 GEMMs accumulating in fp32, small terms first. hi is exactly a TF32 value,
+so the tensor cores read it without loss; lo loses at most 2^-11 of itself (about 2^-22 of
+x) in its TF32 reading, and the dropped a_lo @ b_lo term is as small. The result's error is
+then close to an fp32 GEMM's (checked against float64 in the tests and in bench/gemm.py's
+rows), at three TF32 GEMMs' time: on the H200 TF32 runs about 7.7 times fp32's rate, so
+the product runs well above the fp32 kernel's 54 TFLOP/s. Values beyond about 3.4e38 round
+to infinity in hi (and lo is then NaN); an fp32 GEMM of them would overflow anyway.
+
+Each block is split once, on the conversion stream, when its piece lands (loads.py), and
+is cached as both parts (cache.py: a split slot is twice as long); the planner counts the
+cache at 8 bytes per element (plan.cached_itemsize).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .mmacc import mm_acc
+
+_HALF_ULP = 1 << 12          # half a TF32 ulp in fp32's bit pattern (13 mantissa bits dropped)
+_KEEP = -(1 << 13)           # mask: sign, exponent and TF32's 10 mantissa bits
+
+
+def split_(hi: torch.Tensor, lo: torch.Tensor) -> None:
+    """hi (fp32, any strides) <- hi rounded to TF32, to nearest (ties away from zero);
+    lo (same shape) <- what the rounding took off: old hi == hi + lo exactly."""
+    lo.copy_(hi)
+    bits = hi.view(torch.int32)   # same element size: a view of the same memory
+    bits.add_(_HALF_ULP).bitwise_and_(_KEEP)
+    lo.sub_(hi)
+
+
+def lo_part(view: torch.Tensor, lo: torch.Tensor, part: torch.Tensor) -> torch.Tensor:
+    """The region of `lo` that `part` (a view into `view`) is of `view`: `view` and `lo`
+    are laid out alike, so the same strides at the same offset from each one's start."""
+    return lo.as_strided(part.shape, part.stride(),
+                         lo.storage_offset() + part.storage_offset() - view.storage_offset())
+
+
+def mm_acc_split(acc: torch.Tensor, a: torch.Tensor, a_lo: torch.Tensor, b: torch.Tensor,
+                 b_lo: torch.Tensor, alpha: float, beta: float) -> bool:
+    """acc = alpha * (a + a_lo) @ (b + b_lo) + beta * acc, less alpha * a_lo @ b_lo.
+
+    a: rows x k, b: k x cols (hi parts), a_lo and b_lo alike; the small terms first, so
+    they are not rounded away against the large one in the fp32 accumulator. True where
+    a GEMM ran on mm_acc's cuBLASLt fp32 kernel (never under TF32 on a GPU)."""
+    lt = mm_acc(acc, a_lo, b, alpha, beta)
+    lt |= mm_acc(acc, a, b_lo, alpha, 1.0)
+    return mm_acc(acc, a, b, alpha, 1.0) or lt
