@@ -337,6 +337,14 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
     # nvidia-h200 (session 25): tf32x3's error against fp32's, in-core, by the K one GEMM
     # call sums (its first run had it 12-22x fp32's)
     "s25-x3acc": [(120, PY + [B + "diag/x3_accuracy.py"])],
+    # nvidia-h200 (session 25): the same with split.py's large term in 2048-deep calls,
+    # its product through outcore in three layouts, the GPU tests, the fp32 cases again
+    "s25-x3b": [(90, PY + ["-m", "pytest", "-q", "-p", "no:warnings",
+                           "tests/gemm/test_gemm_gpu.py", "-k", "tf32x3 or matches_float64"]),
+                (150, PY + [B + "diag/x3_accuracy.py"]),
+                (240, PY + [B + "gemm.py", "--cases", "fp32-16384,fp32-32768,"
+                            "train-NN-t16384-f8192-fp32,train-TN-t32768-f16384-fp32", "--runs",
+                            "5", "--out", "gemm-h200-s25-x3b"])],
     # nvidia-h200 (session 22): 3b-16k outcore alone, 8 measured steps each: the balance
     # planner on the last CPU rate it measured (the default), on the best (the planner then
     # adds no group after its first move in the replayed runs of sessions 8-12), and rest +

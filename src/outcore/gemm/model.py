@@ -88,9 +88,10 @@ def kernel_rate(rates: "Rates", compute: str, rows: int, cols: int, k: int) -> f
 @dataclass(frozen=True)
 class Rates:
     """Per-device rates the schedule is chosen with (H200 figures from DESIGN.md; fp32's
-    is the peak of `kernel_rate`'s fit)."""
+    is the peak of `kernel_rate`'s fit; tf32x3's the in-core rate of split.py's three
+    GEMMs with the large one in BIG_CHUNK-deep calls, x3-accuracy-h200.json)."""
     flops: dict = field(default_factory=lambda: {
-        "fp64": 60e12, "fp32": 53.6e12, "tf32": 414e12, "tf32x3": 414e12 / 3,
+        "fp64": 60e12, "fp32": 53.6e12, "tf32": 414e12, "tf32x3": 114e12,
         "bf16": 801e12})
     h2d: float = 55e9
     d2h: float = 55e9

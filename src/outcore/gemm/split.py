@@ -7,10 +7,11 @@ mantissa bits, to nearest) and lo = x - hi (exact in fp32, |lo| <= 2^-11 |x|). T
 
 in three TF32 GEMMs accumulating in fp32, small terms first. hi is exactly a TF32 value,
 so the tensor cores read it without loss; lo loses at most 2^-11 of itself (about 2^-22 of
-x) in its TF32 reading, and the dropped a_lo @ b_lo term is as small. The result's error is
-then close to an fp32 GEMM's (checked against float64 in the tests and in bench/gemm.py's
-rows), at three TF32 GEMMs' time: on the H200 TF32 runs about 7.7 times fp32's rate, so
-the product runs well above the fp32 kernel's 54 TFLOP/s. Values beyond about 3.4e38 round
+x) in its TF32 reading, and the dropped a_lo @ b_lo term is as small. With the large
+term's GEMMs kept short over K (BIG_CHUNK below) the result's error is close to an fp32
+GEMM's (checked against float64 in the tests and in bench/gemm.py's rows), at about three
+TF32 GEMMs' time: on the H200 TF32 runs about 7.7 times fp32's rate, so the product runs
+about twice as fast as the fp32 kernel's 54 TFLOP/s. Values beyond about 3.4e38 round
 to infinity in hi (and lo is then NaN); an fp32 GEMM of them would overflow anyway.
 
 Each block is split once, on the conversion stream, when its piece lands (loads.py), and
@@ -44,13 +45,34 @@ def lo_part(view: torch.Tensor, lo: torch.Tensor, part: torch.Tensor) -> torch.T
                          lo.storage_offset() + part.storage_offset() - view.storage_offset())
 
 
+# K one GEMM call of the large hi @ hi term sums at most (0: all of it). The H200's tensor
+# cores truncate their running fp32 sum where an fp32 GEMM rounds each add to nearest, so
+# the error of one call grows with its K; calls accumulate into C through the GEMM's
+# epilogue, which rounds to nearest. In-core 4096^2 products against float64
+# (bench/diag/x3_accuracy.py, x3-accuracy-h200.json, session 25), largest error relative to
+# sum |a||b| as a multiple of the fp32 GEMM's, and TFLOP/s:
+#   K 16384:  whole 6.4x at 136;  4096-deep calls 1.5x at 123;  2048: 0.81x at 114
+#   K 65536:  whole 13.6x at 125; 4096: 0.80x at 119;           2048: 0.41x at 105
+# The small terms are 2^-11 as large, and so is their truncation: they stay whole.
+BIG_CHUNK = 2048
+
+
+def split_calls(k: int) -> int:
+    """GEMM calls mm_acc_split makes over K = k."""
+    return 2 + -(-k // (BIG_CHUNK or k))
+
+
 def mm_acc_split(acc: torch.Tensor, a: torch.Tensor, a_lo: torch.Tensor, b: torch.Tensor,
                  b_lo: torch.Tensor, alpha: float, beta: float) -> bool:
     """acc = alpha * (a + a_lo) @ (b + b_lo) + beta * acc, less alpha * a_lo @ b_lo.
 
     a: rows x k, b: k x cols (hi parts), a_lo and b_lo alike; the small terms first, so
-    they are not rounded away against the large one in the fp32 accumulator. True where
-    a GEMM ran on mm_acc's cuBLASLt fp32 kernel (never under TF32 on a GPU)."""
+    they are not rounded away against the large one in the fp32 accumulator, then the
+    large one in calls of at most BIG_CHUNK of K. True where a GEMM ran on mm_acc's
+    cuBLASLt fp32 kernel (never under TF32 on a GPU)."""
     lt = mm_acc(acc, a_lo, b, alpha, beta)
     lt |= mm_acc(acc, a, b_lo, alpha, 1.0)
-    return mm_acc(acc, a, b, alpha, 1.0) or lt
+    step = BIG_CHUNK or a.shape[1]
+    for k0 in range(0, a.shape[1], step):
+        lt |= mm_acc(acc, a[:, k0:k0 + step], b[k0:k0 + step], alpha, 1.0)
+    return lt

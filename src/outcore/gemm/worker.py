@@ -35,7 +35,7 @@ from .hostmat import HostMatrix
 from .loads import BlockLoads, Landings
 from .mmacc import mm_acc
 from .model import merged_end
-from .split import mm_acc_split
+from .split import mm_acc_split, split_calls
 from .plan import GemmPlan
 from .stats import DeviceStats
 from .tiles import Tile, spans
@@ -255,7 +255,7 @@ class DeviceWorker(BlockLoads):
                                   b_lo[k0:k1, :], job.alpha, r.beta)
             self.clock.gemm(t.rows, t.cols, k1 - k0, max(ready[i] for i in range(s, e)))
             r.beta = 1.0
-            self.stats.gemms += 1 if a.lo is None else 3
+            self.stats.gemms += 1 if a.lo is None else split_calls(k1 - k0)
             self.stats.lt_gemms += lt
             self.stats.flops += 2.0 * t.rows * t.cols * (k1 - k0)
             s = e
