@@ -345,6 +345,9 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
                 (240, PY + [B + "gemm.py", "--cases", "fp32-16384,fp32-32768,"
                             "train-NN-t16384-f8192-fp32,train-TN-t32768-f16384-fp32", "--runs",
                             "5", "--out", "gemm-h200-s25-x3b"])],
+    # nvidia-h200 (session 25): tf32x3's GEMM rate by tile shape (for the planner's model)
+    # and its error on the GPU test's small tiles by split.BIG_CHUNK
+    "s25-x3shapes": [(200, PY + [B + "diag/x3_shapes.py"])],
     # nvidia-h200 (session 22): 3b-16k outcore alone, 8 measured steps each: the balance
     # planner on the last CPU rate it measured (the default), on the best (the planner then
     # adds no group after its first move in the replayed runs of sessions 8-12), and rest +
