@@ -501,6 +501,8 @@ def main() -> int:
     ap.add_argument("--no-tf32x3", action="store_true", help="one GPU, fp32 cases: skip "
                     "the row outcore-tf32x3 (compute=\"tf32x3\": three TF32 GEMMs of split "
                     "operands, fp32-accurate)")
+    ap.add_argument("--x3-chunk", type=int, help="K of one GEMM call of tf32x3's large "
+                    "term (outcore.gemm.split.BIG_CHUNK; 0: all of it)")
     ap.add_argument("--a-rows", help="comma-separated computes whose plans may copy A's "
                     "panels whole by rows (outcore.gemm.lone.A_ROWS; default bf16, since "
                     "session 16), or 'none'")
@@ -572,6 +574,9 @@ def main() -> int:
         loads_mod.LAZY_PIECES = False
     if args.torch_stream_ctx:
         worker_mod.LIGHT_STREAM_CTX = False
+    import outcore.gemm.split as split_mod
+    if args.x3_chunk is not None:
+        split_mod.BIG_CHUNK = args.x3_chunk
     global FORCED_TILE
     if args.tile:
         FORCED_TILE = tuple(int(x) for x in args.tile.split(","))
@@ -642,7 +647,7 @@ def main() -> int:
         "short_strip_max_m": lone.SHORT_STRIP_MAX_M,
         "lone_accs": plan_mod.LONE_ACCS, "d2h_rows": model_mod.D2H_ROWS,
         "d2h_row_factor": [list(x) for x in model_mod.D2H_ROW_FACTOR],
-        "lazy_pieces": loads_mod.LAZY_PIECES, "light_stream_ctx": worker_mod.LIGHT_STREAM_CTX,
+        "x3_big_chunk": split_mod.BIG_CHUNK, "lazy_pieces": loads_mod.LAZY_PIECES, "light_stream_ctx": worker_mod.LIGHT_STREAM_CTX,
         "forced_tile": list(FORCED_TILE) if FORCED_TILE else None,
         "elapsed_s": time.perf_counter() - t_start, "dropped": dropped,
         "notes": ["host matrices are float32 and pinned (cudaHostRegister) in every case; "

@@ -348,6 +348,14 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
     # nvidia-h200 (session 25): tf32x3's GEMM rate by tile shape (for the planner's model)
     # and its error on the GPU test's small tiles by split.BIG_CHUNK
     "s25-x3shapes": [(200, PY + [B + "diag/x3_shapes.py"])],
+    # nvidia-h200 (session 25, after KERNEL_FIT["tf32x3"]): the GPU tests, then tf32x3's
+    # large term in 2048-deep GEMM calls against 1024-deep, a process each, twice
+    "s25-x3ab": [(60, PY + ["-m", "pytest", "-q", "-p", "no:warnings",
+                            "tests/gemm/test_gemm_gpu.py", "-k", "tf32x3 or matches_float64"])]
+    + [(90, PY + [B + "gemm.py", "--cases", "fp32-16384,train-NN-t16384-f8192-fp32,"
+                  "train-NT-t16384-f8192-fp32", "--runs", "5", "--x3-chunk", str(kc),
+                  "--out", f"gemm-h200-s25-x3k{kc}-{i}"])
+       for i, order in ((1, (2048, 1024)), (2, (1024, 2048))) for kc in order],
     # nvidia-h200 (session 22): 3b-16k outcore alone, 8 measured steps each: the balance
     # planner on the last CPU rate it measured (the default), on the best (the planner then
     # adds no group after its first move in the replayed runs of sessions 8-12), and rest +

@@ -73,7 +73,10 @@ def row_factor(row_bytes: int, contiguous: bool = False, table=ROW_FACTOR) -> fl
 # peak x (1 - edge / rows - edge / cols) x k / (k + depth): within 2% of those and 5 more
 # shapes but one (16384^2 x 1024: 4% low). Other computes: their flat rate (bf16's measured
 # rates do not follow the shape smoothly).
-KERNEL_FIT = {"fp32": (57.0, 140.0)}     # compute -> (edge, depth)
+# tf32x3 (split.py's three GEMMs, the large one in BIG_CHUNK-deep calls; 45 shapes of 512
+# to 8192 rows, 4096 to 16384 columns, K 2048 to 16384, bench/diag/x3_shapes.py,
+# x3-shapes-h200.json, session 25): peak 110.7 TFLOP/s, within 16% of every shape.
+KERNEL_FIT = {"fp32": (57.0, 140.0), "tf32x3": (50.0, 450.0)}   # compute -> (edge, depth)
 
 
 def kernel_rate(rates: "Rates", compute: str, rows: int, cols: int, k: int) -> float:
@@ -88,10 +91,9 @@ def kernel_rate(rates: "Rates", compute: str, rows: int, cols: int, k: int) -> f
 @dataclass(frozen=True)
 class Rates:
     """Per-device rates the schedule is chosen with (H200 figures from DESIGN.md; fp32's
-    is the peak of `kernel_rate`'s fit; tf32x3's the in-core rate of split.py's three
-    GEMMs with the large one in BIG_CHUNK-deep calls, x3-accuracy-h200.json)."""
+    and tf32x3's are the peaks of `kernel_rate`'s fits)."""
     flops: dict = field(default_factory=lambda: {
-        "fp64": 60e12, "fp32": 53.6e12, "tf32": 414e12, "tf32x3": 114e12,
+        "fp64": 60e12, "fp32": 53.6e12, "tf32": 414e12, "tf32x3": 110.7e12,
         "bf16": 801e12})
     h2d: float = 55e9
     d2h: float = 55e9
