@@ -356,6 +356,9 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
                   "train-NT-t16384-f8192-fp32", "--runs", "5", "--x3-chunk", str(kc),
                   "--out", f"gemm-h200-s25-x3k{kc}-{i}"])
        for i, order in ((1, (2048, 1024)), (2, (1024, 2048))) for kc in order],
+    # nvidia-h200 (session 25, split.BIG_CHUNK 1024): the gemm run of record, with the
+    # tf32x3 rows of every fp32 case
+    "s25-record": [(540, PY + [B + "gemm.py", "--budget-s", "400"])],
     # nvidia-h200 (session 22): 3b-16k outcore alone, 8 measured steps each: the balance
     # planner on the last CPU rate it measured (the default), on the best (the planner then
     # adds no group after its first move in the replayed runs of sessions 8-12), and rest +

@@ -51,10 +51,16 @@ def lo_part(view: torch.Tensor, lo: torch.Tensor, part: torch.Tensor) -> torch.T
 # epilogue, which rounds to nearest. In-core 4096^2 products against float64
 # (bench/diag/x3_accuracy.py, x3-accuracy-h200.json, session 25), largest error relative to
 # sum |a||b| as a multiple of the fp32 GEMM's, and TFLOP/s:
-#   K 16384:  whole 6.4x at 136;  4096-deep calls 1.5x at 123;  2048: 0.81x at 114
-#   K 65536:  whole 13.6x at 125; 4096: 0.80x at 119;           2048: 0.41x at 105
+#   K 16384:  whole 6.4x at 136;  4096-deep calls 1.5x at 123;  2048: 0.81x at 114;
+#             1024: 0.40x at 109
+#   K 65536:  whole 13.6x at 125; 4096: 0.80x at 119;  2048: 0.41x at 105;  1024: 0.21x at 103
 # The small terms are 2^-11 as large, and so is their truncation: they stay whole.
-BIG_CHUNK = 2048
+# Through outcore (bench/gemm.py --x3-chunk, gemm-h200-s25-x3k{2048,1024}-{1,2}.json, one
+# process each, two rounds), fp32-16384 and the fp32 NT and NN shapes at 16384 tokens and
+# 8192 features, largest sampled error against float64 as a multiple of cuBLASXt's:
+# 2048-deep calls 2.4-3.4x at 62-90 TFLOP/s, 1024-deep 1.4-1.7x at 75-87 (outcore's fp32
+# path: 1.1-1.9x); 1024 also halved the error of the GPU test's small tiles.
+BIG_CHUNK = 1024
 
 
 def split_calls(k: int) -> int:
