@@ -357,8 +357,10 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
                   "--out", f"gemm-h200-s25-x3k{kc}-{i}"])
        for i, order in ((1, (2048, 1024)), (2, (1024, 2048))) for kc in order],
     # nvidia-h200 (session 25, split.BIG_CHUNK 1024): the gemm run of record, with the
-    # tf32x3 rows of every fp32 case
-    "s25-record": [(540, PY + [B + "gemm.py", "--budget-s", "400"])],
+    # tf32x3 rows of every fp32 case, after the gemm GPU tests
+    "s25-record": [(60, PY + ["-m", "pytest", "-q", "-p", "no:warnings",
+                              "tests/gemm/test_gemm_gpu.py"]),
+                   (540, PY + [B + "gemm.py", "--budget-s", "400"])],
     # nvidia-h200 (session 22): 3b-16k outcore alone, 8 measured steps each: the balance
     # planner on the last CPU rate it measured (the default), on the best (the planner then
     # adds no group after its first move in the replayed runs of sessions 8-12), and rest +
