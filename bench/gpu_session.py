@@ -361,6 +361,12 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
     "s25-record": [(60, PY + ["-m", "pytest", "-q", "-p", "no:warnings",
                               "tests/gemm/test_gemm_gpu.py"]),
                    (540, PY + [B + "gemm.py", "--budget-s", "400"])],
+    # nvidia-h200 (session 25): the cases s25-record's 400 s did not reach (the bf16
+    # training shapes, then fp32's at 65536 tokens and 16384 features), for merge_parts.py
+    "s25-rest": [(200, PY + [B + "gemm.py", "--cases", BF16_CASES.replace("bf16-32768,", "")
+                             + "," + ",".join(f"train-{lay}-t65536-f16384-fp32"
+                                              for lay in ("NT", "NN", "TN")),
+                             "--budget-s", "170", "--out", "gemm-h200-s25-rest"])],
     # nvidia-h200 (session 22): 3b-16k outcore alone, 8 measured steps each: the balance
     # planner on the last CPU rate it measured (the default), on the best (the planner then
     # adds no group after its first move in the replayed runs of sessions 8-12), and rest +
