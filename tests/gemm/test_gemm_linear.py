@@ -49,6 +49,28 @@ def test_gradients_from_a_broadcast_upstream_gradient():
     torch.testing.assert_close(layer.weight.grad, ref.weight.grad, rtol=1e-5, atol=1e-5)
 
 
+def test_tf32x3_compute_reaches_all_three_products(monkeypatch):
+    """compute="tf32x3" on the layer: forward, dx and dW each run split GEMMs (counted),
+    and match torch.nn.Linear (on the CPU the split parts multiply in fp32)."""
+    import outcore.gemm.worker as worker_mod
+    calls = []
+    real = worker_mod.mm_acc_split
+    monkeypatch.setattr(worker_mod, "mm_acc_split", lambda *a: calls.append(1) or real(*a))
+    torch.manual_seed(2)
+    layer = Linear(24, 16, devices="cpu", tile=8, compute="tf32x3")
+    ref = _twin(layer)
+    x = torch.randn(5, 24, requires_grad=True)
+    x_ref = x.detach().clone().requires_grad_()
+    y = layer(x)
+    n_forward = len(calls)
+    y.square().sum().backward()
+    ref(x_ref).square().sum().backward()
+    assert n_forward > 0 and len(calls) > n_forward   # the backward's products split too
+    torch.testing.assert_close(y, ref(x_ref.detach()), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(x.grad, x_ref.grad, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(layer.weight.grad, ref.weight.grad, rtol=1e-5, atol=1e-5)
+
+
 def test_mlp_with_a_layer_larger_than_the_budget_trains_like_torch():
     torch.manual_seed(2)
     big = Linear(96, 128, devices="cpu", gpu_memory="24KiB", tile=(16, 16))
