@@ -274,7 +274,7 @@ def run_outcore(env: Env, c: Case, devices, check: bool = True,
     return row
 
 
-# Entries of C checked against float64 dot products: more in the fp32-accurate rows, whose
+# Entries of C checked against float64 dot products: more in the fp32 and tf32x3 rows, whose
 # errors (outcore fp32 and tf32x3, cuBLASXt) the results compare
 CHECKED = {"fp32": 256, "tf32x3": 256}
 
@@ -499,8 +499,8 @@ def main() -> int:
                     "also the row outcore+cpu, the GPU with the host's CPU multiplying a band "
                     "of C's rows (outcore.gemm.band)")
     ap.add_argument("--no-tf32x3", action="store_true", help="one GPU, fp32 cases: skip "
-                    "the row outcore-tf32x3 (compute=\"tf32x3\": three TF32 GEMMs of split "
-                    "operands, fp32-accurate)")
+                    "the rows outcore-tf32x3 and torch-incore-tf32x3 (compute=\"tf32x3\": three TF32 "
+                    "GEMMs of split operands, outcore.gemm.split)")
     ap.add_argument("--x3-chunk", type=int, help="K of one GEMM call of tf32x3's large "
                     "term (outcore.gemm.split.BIG_CHUNK; 0: all of it)")
     ap.add_argument("--a-rows", help="comma-separated computes whose plans may copy A's "

@@ -1,5 +1,6 @@
 """compute="tf32x3" (gemm/split.py): operands split into TF32 hi and lo parts as they land,
-three GEMMs per product; the result as exact as fp32's where the GEMMs read TF32."""
+three GEMMs per product; with GEMMs that read their operands as TF32 (emulated here, on
+the CPU, with fp32 sums rounded to nearest) the result as exact as fp32's."""
 
 import numpy as np
 import pytest

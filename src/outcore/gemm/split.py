@@ -7,12 +7,22 @@ mantissa bits, to nearest) and lo = x - hi (exact in fp32, |lo| <= 2^-11 |x|). T
 
 in three TF32 GEMMs accumulating in fp32, small terms first. hi is exactly a TF32 value,
 so the tensor cores read it without loss; lo loses at most 2^-11 of itself (about 2^-22 of
-x) in its TF32 reading, and the dropped a_lo @ b_lo term is as small. With the large
-term's GEMMs kept short over K (BIG_CHUNK below) the result's error is close to an fp32
-GEMM's (checked against float64 in the tests and in bench/gemm.py's rows), at about three
-TF32 GEMMs' time: on the H200 TF32 runs about 7.7 times fp32's rate, so the product runs
-about twice as fast as the fp32 kernel's 54 TFLOP/s. Values beyond about 3.4e38 round
-to infinity in hi (and lo is then NaN); an fp32 GEMM of them would overflow anyway.
+x) in its TF32 reading, and the dropped a_lo @ b_lo term is as small. The tensor cores
+truncate their running fp32 sum where an fp32 GEMM rounds each add to nearest, so the
+large term's GEMMs are kept short over K (BIG_CHUNK below).
+
+Measured on the H200 (session 25's gemm-h200.json, 20 fp32 products, 256 sampled entries
+each against float64, largest error relative to sum_k |a_ik b_kj|):
+  - where a sum's terms mix signs (the bench's uniform [-1, 1) data): 0.66-3.05x the error of cuBLASXt's fp32
+    GEMM on the same entries (outcore's own fp32 path: 1.0-14.5x);
+  - where every term of a sum has one sign (a Gram matrix's diagonal, non-negative data)
+    the truncations add up: the one such entry sampled (A A^T at 16384) was 5.8e-6 off,
+    68x cuBLASXt's, as one truncation per 8-deep tensor-core step would make it:
+    (BIG_CHUNK / 8) x 2^-24 = 7.6e-6 of such a sum. Not fp32's accuracy there.
+  - speed: 1.34-2.25x cuBLASXt, 1.16-2.05x outcore's fp32 path (TF32 GEMMs with a
+    transposed A run slower: the TN shapes are the low end).
+Values beyond about 3.4e38 round to infinity in hi (and lo is then NaN); an fp32 GEMM of
+them would overflow anyway.
 
 Each block is split once, on the conversion stream, when its piece lands (loads.py), and
 is cached as both parts (cache.py: a split slot is twice as long); the planner counts the
