@@ -2,7 +2,11 @@
 
 import argparse
 
-from outcore.gemm.cli import register
+import numpy as np
+import pytest
+import torch
+
+from outcore.gemm.cli import CHECK_CHUNK, check_sampled, register
 
 
 def _parse(line: str):
@@ -39,3 +43,28 @@ def test_gemm_bad_input_is_one_line_and_exit_2(capsys):
     args = _parse("gemm --m 4 --n 3 --k 2 --devices cuda:9")
     assert args.func(args) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("ta,tb,kind", [(False, False, "torch"), (True, False, "numpy"),
+                                        (False, True, "numpy"), (True, True, "torch")])
+def test_check_sampled_finds_one_wrong_entry_among_chunks(ta, tb, kind):
+    """The sampled check against float64 (gathered CHECK_CHUNK entries at a time): a right
+    C passes; one entry off by 1e-3 is found, in the last chunk, with its error."""
+    rng = np.random.default_rng(0)
+    m, n, k = 50, 40, 300
+    a = rng.standard_normal((k, m) if ta else (m, k))
+    b = rng.standard_normal((n, k) if tb else (k, n))
+    c0 = rng.standard_normal((m, n))
+    c = 2.0 * (a.T if ta else a) @ (b.T if tb else b) - 0.5 * c0
+    idx = list(zip(rng.integers(0, m, 150), rng.integers(0, n, 150)))
+    assert len(idx) > 2 * CHECK_CHUNK
+    conv = (lambda x: torch.from_numpy(x)) if kind == "torch" else (lambda x: x)
+    init = [c0[i, j] for i, j in idx]
+    worst, ratio = check_sampled(conv(a), conv(b), conv(c), init, idx, ta, tb, 2.0, -0.5,
+                                 "fp64")
+    assert worst < 1e-11 and ratio < 1
+    i, j = idx[-1]
+    c[i, j] += 1e-3
+    worst, ratio = check_sampled(conv(a), conv(b), conv(c), init, idx, ta, tb, 2.0, -0.5,
+                                 "fp64")
+    assert abs(worst - 1e-3) < 1e-9 and ratio > 1
