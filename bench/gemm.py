@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Benchmark outcore.matmul against cuBLASXt, in-core torch and the roofline bound.
 
-    cd <repo> && PYTHONPATH=src python3 bench/gemm.py        # 1 x H200: about 4 min
+    cd <repo> && PYTHONPATH=src python3 bench/gemm.py        # 1 x H200: about 8 min
                                                              # 2 x H200: about 2 min
                                                              # 4-8 x H200 (65536): longer
     PYTHONPATH=src python3 bench/gemm.py --smoke             # CPU, every code path, seconds
@@ -18,7 +18,10 @@ Systems: outcore; cublasxt (cublasXtSgemm through ctypes, pinned, best blockDim 
 2048/4096/8192; fp32 only); torch-incore (the same product, operands already on the GPU);
 bound (max of FLOPs / in-core rate and the least bytes that must cross PCIe / measured
 bandwidth; for -slowed the sum of each GPU's outcore rate alone under the same slowing:
-on more than two GPUs GPU 0's rate alone stands for every GPU not slowed).
+on more than two GPUs GPU 0's rate alone stands for every GPU not slowed). One GPU's fp32
+cases also have outcore-tf32x3 and torch-incore-tf32x3 (compute="tf32x3", three TF32
+GEMMs of split operands, outcore.gemm.split; --no-tf32x3 drops them), and the fp32,
+tf32x3 and cuBLASXt rows each a 256-entry check against float64 (`check_rel_error`).
 Every row has `tflops` (null in a failed or skipped run, which has `error`). The run
 starts no new work after --budget-s seconds (training shapes are dropped largest first,
 and listed under "dropped").
