@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Benchmark outcore.matmul against cuBLASXt, in-core torch and the roofline bound.
 
-    cd <repo> && PYTHONPATH=src python3 bench/gemm.py        # 1 x H200: about 8 min
+    cd <repo> && PYTHONPATH=src python3 bench/gemm.py --budget-s 520   # 1 x H200: 6-10 min
                                                              # 2 x H200: about 2 min
                                                              # 4-8 x H200 (65536): longer
     PYTHONPATH=src python3 bench/gemm.py --smoke             # CPU, every code path, seconds
