@@ -78,6 +78,17 @@ def variants(a, b, ah, al, bh, bl, out):
     return v
 
 
+def layout_operands(m: int, n: int, k: int, layout: str, g: torch.Generator):
+    """Uniform [-1, 1) pinned host A and B stored for `layout` ("NT": B stored N x K),
+    op(A) and op(B) on the GPU, and the float64 product and sum |a||b| to judge by."""
+    ta, tb = layout[0] == "T", layout[1] == "T"
+    A = pin_(torch.rand(*((k, m) if ta else (m, k)), generator=g) * 2 - 1)
+    B = pin_(torch.rand(*((n, k) if tb else (k, n)), generator=g) * 2 - 1)
+    a, b = A.cuda(), B.cuda()
+    oa, ob = (a.t() if ta else a), (b.t() if tb else b)
+    return A, B, oa, ob, oa.double() @ ob.double(), oa.double().abs() @ ob.double().abs()
+
+
 def through_outcore() -> list[dict]:
     """The same question through outcore.matmul on pinned host matrices, per layout: the
     fp32 GEMM in memory (cuBLAS, all of K in one call), outcore fp32, and outcore tf32x3
@@ -87,11 +98,7 @@ def through_outcore() -> list[dict]:
     g = torch.Generator().manual_seed(1)
     for layout in ("NN", "NT", "TN"):
         ta, tb = layout[0] == "T", layout[1] == "T"
-        A = pin_(torch.rand(*((k, m) if ta else (m, k)), generator=g) * 2 - 1)
-        B = pin_(torch.rand(*((n, k) if tb else (k, n)), generator=g) * 2 - 1)
-        a, b = A.cuda(), B.cuda()
-        oa, ob = (a.t() if ta else a), (b.t() if tb else b)
-        ref, scale = oa.double() @ ob.double(), oa.double().abs() @ ob.double().abs()
+        A, B, oa, ob, ref, scale = layout_operands(m, n, k, layout, g)
         runs = {"sgemm-incore": lambda: oa @ ob}
         for compute in ("fp32", "tf32x3"):
             for kc in (OUTCORE_CHUNKS if compute == "tf32x3" else (None,)):
@@ -113,7 +120,7 @@ def through_outcore() -> list[dict]:
                          "ms": t * 1e3, "tflops": 2.0 * m * n * k / t / 1e12})
         unpin_(A)
         unpin_(B)
-        del a, b, ref, scale
+        del ref, scale
         torch.cuda.empty_cache()
     return rows
 

@@ -29,7 +29,8 @@ import common  # noqa: E402
 from outcore.gemm import split as split_mod  # noqa: E402
 from outcore.gemm.matmul import matmul  # noqa: E402
 from outcore.gemm.split import BIG_CHUNK, mm_acc_split  # noqa: E402
-from outcore.memory import pin_, unpin_  # noqa: E402
+from outcore.memory import unpin_  # noqa: E402
+from x3_accuracy import layout_operands  # noqa: E402  (bench/diag: this script's folder)
 
 ROWS = (512, 1024, 2048, 4096, 8192)
 COLS = (4096, 8192, 16384)
@@ -79,11 +80,7 @@ def accuracy() -> list[dict]:
     m, n, k = 1024, 768, 16384
     for layout in ("NN", "NT", "TN"):
         ta, tb = layout[0] == "T", layout[1] == "T"
-        A = pin_(torch.rand(*((k, m) if ta else (m, k)), generator=g) * 2 - 1)
-        B = pin_(torch.rand(*((n, k) if tb else (k, n)), generator=g) * 2 - 1)
-        a, b = A.cuda(), B.cuda()
-        oa, ob = (a.t() if ta else a), (b.t() if tb else b)
-        ref, scale = oa.double() @ ob.double(), oa.double().abs() @ ob.double().abs()
+        A, B, oa, ob, ref, scale = layout_operands(m, n, k, layout, g)
         runs = {"sgemm-incore": lambda: oa @ ob,
                 "outcore-fp32": lambda: matmul(A, B, transa=ta, transb=tb, devices=0,
                                                compute="fp32", tile=(512, 512, 4096))}
