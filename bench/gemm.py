@@ -502,8 +502,8 @@ def main() -> int:
                     "also the row outcore+cpu, the GPU with the host's CPU multiplying a band "
                     "of C's rows (outcore.gemm.band)")
     ap.add_argument("--no-tf32x3", action="store_true", help="one GPU, fp32 cases: skip "
-                    "the rows outcore-tf32x3 and torch-incore-tf32x3 (compute=\"tf32x3\": three TF32 "
-                    "GEMMs of split operands, outcore.gemm.split)")
+                    "the rows outcore-tf32x3 and torch-incore-tf32x3 (compute=\"tf32x3\": "
+                    "three TF32 GEMMs of split operands, outcore.gemm.split)")
     ap.add_argument("--x3-chunk", type=int, help="K of one GEMM call of tf32x3's large "
                     "term (outcore.gemm.split.BIG_CHUNK; 0: all of it)")
     ap.add_argument("--a-rows", help="comma-separated computes whose plans may copy A's "
@@ -650,7 +650,8 @@ def main() -> int:
         "short_strip_max_m": lone.SHORT_STRIP_MAX_M,
         "lone_accs": plan_mod.LONE_ACCS, "d2h_rows": model_mod.D2H_ROWS,
         "d2h_row_factor": [list(x) for x in model_mod.D2H_ROW_FACTOR],
-        "x3_big_chunk": split_mod.BIG_CHUNK, "lazy_pieces": loads_mod.LAZY_PIECES, "light_stream_ctx": worker_mod.LIGHT_STREAM_CTX,
+        "x3_big_chunk": split_mod.BIG_CHUNK, "lazy_pieces": loads_mod.LAZY_PIECES,
+        "light_stream_ctx": worker_mod.LIGHT_STREAM_CTX,
         "forced_tile": list(FORCED_TILE) if FORCED_TILE else None,
         "elapsed_s": time.perf_counter() - t_start, "dropped": dropped,
         "notes": ["host matrices are float32 and pinned (cudaHostRegister) in every case; "

@@ -13,7 +13,8 @@ calls over KC-deep chunks of K accumulating into C (beta=1, as outcore's K piece
 tf32x3 with only the large hi @ hi product in chunks (what split.py does since). Then
 through outcore.matmul on pinned host matrices, NN, NT and TN: the fp32 GEMM in memory
 against outcore fp32 and outcore tf32x3 with split.BIG_CHUNK 0 (whole), 4096, 2048 and
-1024. The time of each beside it (median of RUNS). Writes bench/results/x3-accuracy-<machine>.json, a table last.
+1024. The time of each beside it (median of RUNS). Writes
+bench/results/x3-accuracy-<machine>.json, a table last.
 """
 
 from __future__ import annotations

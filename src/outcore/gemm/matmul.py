@@ -37,8 +37,8 @@ _PRECISION_LOCK = threading.RLock()
 
 @contextlib.contextmanager
 def _precision(compute: str, devices):
-    """fp32 GEMMs on GPUs in tf32 for compute="tf32" and "tf32x3", in full fp32 otherwise (the process-
-    wide setting is restored afterwards; concurrent matmul calls take turns)."""
+    """fp32 GEMMs on GPUs in tf32 for compute="tf32" and "tf32x3", in full fp32 otherwise
+    (the process-wide setting is restored afterwards; concurrent matmul calls take turns)."""
     if not any(d.type == "cuda" for d in devices):
         yield
         return

@@ -13,8 +13,8 @@ large term's GEMMs are kept short over K (BIG_CHUNK below).
 
 Measured on the H200 (session 25's gemm-h200.json, 20 fp32 products, 256 sampled entries
 each against float64, largest error relative to sum_k |a_ik b_kj|):
-  - where a sum's terms mix signs (the bench's uniform [-1, 1) data): 0.66-3.05x the error of cuBLASXt's fp32
-    GEMM on the same entries (outcore's own fp32 path: 1.0-14.5x);
+  - where a sum's terms mix signs (the bench's uniform [-1, 1) data): 0.66-3.05x the
+    error of cuBLASXt's fp32 GEMM on the same entries (outcore's own fp32 path: 1.0-14.5x);
   - where every term of a sum has one sign (a Gram matrix's diagonal, non-negative data)
     the truncations add up: the one such entry sampled (A A^T at 16384) was 5.8e-6 off,
     68x cuBLASXt's, as one truncation per 8-deep tensor-core step would make it:
@@ -59,8 +59,9 @@ def lo_part(view: torch.Tensor, lo: torch.Tensor, part: torch.Tensor) -> torch.T
 # cores truncate their running fp32 sum where an fp32 GEMM rounds each add to nearest, so
 # the error of one call grows with its K; calls accumulate into C through the GEMM's
 # epilogue, which rounds to nearest. In-core 4096^2 products against float64
-# (bench/diag/x3_accuracy.py, x3-accuracy-h200.json, session 25), largest error relative to
-# sum |a||b| as a multiple of the fp32 GEMM's, and TFLOP/s:
+# (bench/diag/x3_accuracy.py, session 25: x3-accuracy-h200-s25a.json for whole K,
+# x3-accuracy-h200.json for the rest), largest error relative to sum |a||b| as a multiple
+# of the fp32 GEMM's, and TFLOP/s:
 #   K 16384:  whole 6.4x at 136;  4096-deep calls 1.5x at 123;  2048: 0.81x at 114;
 #             1024: 0.40x at 109
 #   K 65536:  whole 13.6x at 125; 4096: 0.80x at 119;  2048: 0.41x at 105;  1024: 0.21x at 103
