@@ -456,10 +456,12 @@ def multi_gpus(env: Env, rows: list, bar) -> None:
     bar.update(1)
 
 
-def fill_(buf: torch.Tensor) -> None:
-    """Uniform [-1, 1) values: a random head copied along (fast for tens of GB)."""
+def fill_(buf: torch.Tensor, salt: int = 0) -> None:
+    """Uniform [-1, 1) values: a random head copied along (fast for tens of GB). The seed
+    is the size plus `salt`: buffers of one size filled with different salts differ (until
+    session 25 A and B held the same values, so an NT or TN product was A's Gram matrix)."""
     head = min(buf.numel(), 1 << 24)
-    buf[:head].uniform_(-1, 1, generator=torch.Generator().manual_seed(buf.numel()))
+    buf[:head].uniform_(-1, 1, generator=torch.Generator().manual_seed(buf.numel() + salt))
     done = head
     while done < buf.numel():
         step = min(done, buf.numel() - done)
@@ -474,7 +476,7 @@ def host_matrices(c: Case) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     sb = (c.n, c.k) if c.transb else (c.k, c.n)
     A, B, C = (torch.empty(s) for s in (sa, sb, (c.m, c.n)))
     fill_(A.view(-1))
-    fill_(B.view(-1))
+    fill_(B.view(-1), salt=1)
     return pin_(A), pin_(B), pin_(C)
 
 
@@ -615,8 +617,8 @@ def main() -> int:
     numel = max(max(c.m * c.k, c.k * c.n, c.m * c.n) for c in cases)
     t0 = time.perf_counter()
     env.bufs = [torch.empty(numel) for _ in range(3)]
-    for b in env.bufs:
-        fill_(b)
+    for i, b in enumerate(env.bufs):
+        fill_(b, salt=i)
     # page-locked once (cudaHostRegister in place; a small buffer comes back as a pinned
     # copy, so keep what pin_ returns; no-op without CUDA)
     env.bufs = [pin_(b) for b in env.bufs]
