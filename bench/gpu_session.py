@@ -367,6 +367,13 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
                              + "," + ",".join(f"train-{lay}-t65536-f16384-fp32"
                                               for lay in ("NT", "NN", "TN")),
                              "--budget-s", "170", "--out", "gemm-h200-s25-rest"])],
+    # nvidia-h200 (written in session 25 for the next): the gemm GPU tests and the run of
+    # record in one process with room for all 40 cases (session 25's 400 s reached 19)
+    "s26-record": [(60, PY + ["-m", "pytest", "-q", "-p", "no:warnings",
+                              "tests/gemm/test_gemm_gpu.py"]),
+                   (530, PY + [B + "gemm.py", "--budget-s", "500"])],
+    # nvidia-h200 (written in session 25): tf32x3's error on Gram matrices by BIG_CHUNK
+    "s26-gram": [(120, PY + [B + "diag/x3_gram.py"])],
     # nvidia-h200 (session 22): 3b-16k outcore alone, 8 measured steps each: the balance
     # planner on the last CPU rate it measured (the default), on the best (the planner then
     # adds no group after its first move in the replayed runs of sessions 8-12), and rest +
