@@ -21,7 +21,7 @@ from ..errors import OutcoreError
 from ..memory import pin_, unpin_
 from ..units import fmt_bytes
 from .matmul import matmul
-from .plan import COMPUTE
+from .computes import COMPUTE
 
 _DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
 # allowed error, relative to sum_k |alpha a_ik b_kj| + |beta c_ij|

@@ -27,21 +27,10 @@ import torch
 
 from ..errors import OutcoreError
 from ..units import fmt_bytes
+from .computes import COMPUTE, SPLIT_COMPUTES, cached_itemsize
 from .model import Rates, estimate_seconds
 from .tiles import band_order, cdiv, growing_order, make_tiles, piece_spans, row_strips
 
-# compute name -> (dtype the tiles are multiplied in, dtype they are accumulated in)
-COMPUTE = {
-    "fp64": (torch.float64, torch.float64),
-    "fp32": (torch.float32, torch.float32),
-    "tf32": (torch.float32, torch.float32),
-    "tf32x3": (torch.float32, torch.float32),
-    "bf16": (torch.bfloat16, torch.float32),
-}
-# Computes whose cached blocks are each held as two parts, hi + lo (split.py): the cache
-# takes twice the compute dtype's bytes per element.
-SPLIT_COMPUTES = ("tf32x3",)
-DEFAULT_COMPUTE = {torch.float64: "fp64", torch.float32: "fp32", torch.bfloat16: "bf16"}
 PIECE_BYTES = 32 << 20      # one copy (and event) per 32 MiB: compute starts early enough
 MIN_TILE = {"cuda": 64, "cpu": 4}
 DEFAULT_TILE = {"cuda": 4096, "cpu": 256}
@@ -211,11 +200,6 @@ class GemmPlan:
 
 def _size(dtype: torch.dtype) -> int:
     return dtype.itemsize
-
-
-def cached_itemsize(compute: str) -> int:
-    """Bytes the block cache holds per element of op(A) or op(B) under `compute`."""
-    return _size(COMPUTE[compute][0]) * (2 if compute in SPLIT_COMPUTES else 1)
 
 
 def operand_bytes(m: int, n: int, k: int, compute: str) -> int:

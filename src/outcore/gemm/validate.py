@@ -8,7 +8,7 @@ import torch
 from ..errors import OutcoreError
 from ..memory import cached_unused_bytes
 from ..units import fmt_bytes, parse_bytes
-from .plan import COMPUTE, DEFAULT_COMPUTE
+from .computes import COMPUTE, DEFAULT_COMPUTE
 
 _TORCH_DTYPES = (torch.float32, torch.float64, torch.bfloat16)
 _NP_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
