@@ -457,11 +457,23 @@ def multi_gpus(env: Env, rows: list, bar) -> None:
 
 
 def fill_(buf: torch.Tensor, salt: int = 0) -> None:
-    """Uniform [-1, 1) values: a random head copied along (fast for tens of GB). The seed
-    is the size plus `salt`: buffers of one size filled with different salts differ (until
-    session 25 A and B held the same values, so an NT or TN product was A's Gram matrix)."""
+    """Uniform [-1, 1) values, seeded by the size plus `salt` (buffers of one size filled
+    with different salts differ). With a GPU every element is drawn, on the device in 1 GiB
+    chunks; on the CPU (the smoke run) a random head is copied along, fast for tens of GB.
+    Until session 26 the GPU runs also repeated a 2**24-element head, so a case's entries
+    summed the same few thousand products many times over (and until session 25 A and B
+    held the same values, so an NT or TN product was A's Gram matrix): the sampled errors
+    of those records compare the systems on that data, not on independent entries."""
+    seed = buf.numel() + salt
+    if torch.cuda.is_available():
+        gen = torch.Generator(device="cuda").manual_seed(seed)
+        chunk = 1 << 28
+        for s in range(0, buf.numel(), chunk):
+            part = buf[s:s + chunk]
+            part.copy_(torch.empty(part.numel(), device="cuda").uniform_(-1, 1, generator=gen))
+        return
     head = min(buf.numel(), 1 << 24)
-    buf[:head].uniform_(-1, 1, generator=torch.Generator().manual_seed(buf.numel() + salt))
+    buf[:head].uniform_(-1, 1, generator=torch.Generator().manual_seed(seed))
     done = head
     while done < buf.numel():
         step = min(done, buf.numel() - done)
@@ -659,7 +671,9 @@ def main() -> int:
         "notes": ["host matrices are float32 and pinned (cudaHostRegister) in every case; "
                   "the case prefix / compute field names the arithmetic",
                   "wall_s is the median of the timed runs after one warm-up; outcore and "
-                  "cublasxt times are end to end (host to host)"],
+                  "cublasxt times are end to end (host to host)",
+                  "A, B and C: uniform [-1, 1), " + ("every element drawn (on the GPU)"
+                  if torch.cuda.is_available() else "a 2**24-element random head repeated")],
         "runs": rows}
     os.makedirs(os.path.dirname(out_path), exist_ok=True)
     with open(out_path + ".tmp", "w") as f:   # a temporary name, then a rename: a reader

@@ -372,6 +372,13 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
     "s26-record": [(60, PY + ["-m", "pytest", "-q", "-p", "no:warnings",
                               "tests/gemm/test_gemm_gpu.py"]),
                    (530, PY + [B + "gemm.py", "--budget-s", "500"])],
+    # nvidia-h200 (session 26): tf32x3 on Gram matrices; bf16-32768 traced (its record
+    # ran 186-202 ms against the model's 173); then the record again with every element of
+    # A, B and C drawn (fill_ on the GPU), so the sampled errors compare independent entries
+    "s26-b": [(100, PY + [B + "diag/x3_gram.py"]),
+              (120, ["env", "GEMM_TRACE_TAG=s26"] + PY + [B + "diag/gemm_trace.py",
+                                                          "bf16-32768"]),
+              (330, PY + [B + "gemm.py", "--budget-s", "280"])],
     # nvidia-h200 (written in session 25): tf32x3's error on Gram matrices by BIG_CHUNK
     "s26-gram": [(120, PY + [B + "diag/x3_gram.py"])],
     # nvidia-h200 (session 22): 3b-16k outcore alone, 8 measured steps each: the balance
