@@ -379,6 +379,12 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
               (120, ["env", "GEMM_TRACE_TAG=s26"] + PY + [B + "diag/gemm_trace.py",
                                                           "bf16-32768"]),
               (330, PY + [B + "gemm.py", "--budget-s", "280"])],
+    # nvidia-h200 (session 26): the planner's tiles against square ones in the growing
+    # order (C's copies out spread over the product) on bf16-32768 and two bf16 shapes
+    # under 0.85 of the bound, alternating in one process
+    "s26-tiles": [(300, ["env", "TILE_AB=planner,8192x8192,4096x8192,2048x32768"] + PY + [
+        B + "diag/tile_ab.py", "bf16-32768", "train-NN-t16384-f8192-bf16",
+        "train-TN-t16384-f16384-bf16"])],
     # nvidia-h200 (written in session 25): tf32x3's error on Gram matrices by BIG_CHUNK
     "s26-gram": [(120, PY + [B + "diag/x3_gram.py"])],
     # nvidia-h200 (session 22): 3b-16k outcore alone, 8 measured steps each: the balance

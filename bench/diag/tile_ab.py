@@ -1,0 +1,90 @@
+"""The planner's tiles against forced ones, alternating in one process. (GPU)
+
+    PYTHONPATH=src python3 bench/diag/tile_ab.py bf16-32768 [CASE ...]   # ~1 min a case
+    TILE_AB=planner,8192x8192,4096x4096 ... (the variants; ROWSxCOLS forces matmul(tile=))
+
+Session 26's record ran bf16-32768 in the planner's whole-width 1024-row strips at 186-202
+ms in one process and 179 in another (model: 173; the bound 157). Such strips need all of
+B before any C tile is done, so C's 4.3 GB go out in the second half, beside A's copies in,
+where both directions share the link (97.5 GB/s together, 55 each alone). Square tiles in
+the growing order finish C from early on, so its copies out spread over the product: the
+planner's model has no term for the two directions slowing each other and has not weighed
+that. This times each variant in ROUNDS rounds, the variants' order rotated each round, the
+median of RUNS runs a round (host matrices as bench/gemm.py makes them, pinned), checks
+entries of each product against float64 (bench/gemm.py's check_row), and writes bench/results/tile-ab-<machine>.json
+(TILE_AB_TAG=T: tile-ab-<machine>-T.json) with a table last.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+
+import torch
+
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, HERE)
+import common  # noqa: E402
+from gemm import check_row, fill_, median_s, square_cases, train_cases  # noqa: E402
+
+from outcore.gemm.matmul import matmul  # noqa: E402
+from outcore.memory import pin_  # noqa: E402
+
+VARIANTS = os.environ.get("TILE_AB", "planner,8192x8192,4096x4096,16384x16384,2048x32768")
+TAG = os.environ.get("TILE_AB_TAG")
+ROUNDS, RUNS = 3, 3
+SMOKE = False          # True: the bench's smoke cases on the CPU (a dry run of this logic)
+
+
+def tile_of(variant: str):
+    return None if variant == "planner" else tuple(int(x) for x in variant.split("x"))
+
+
+def main() -> int:
+    if not SMOKE and (not torch.cuda.is_available() or len(sys.argv) < 2):
+        print("usage (GPU): tile_ab.py CASE [CASE ...]  (bench/gemm.py's case names)")
+        return 2
+    cases = {c.name: c for c in square_cases(SMOKE) + train_cases(SMOKE)}
+    picked = [cases[n] for n in sys.argv[1:]]
+    variants = VARIANTS.split(",")
+    dev = "cpu" if SMOKE else 0
+    sync = (lambda: None) if SMOKE else torch.cuda.synchronize
+    numel = max(max(c.m * c.k, c.k * c.n, c.m * c.n) for c in picked)
+    bufs = [torch.empty(numel) for _ in range(3)]
+    for i, b in enumerate(bufs):
+        fill_(b, salt=i)
+    bufs = [pin_(b) for b in bufs]
+    doc = common.header("tile-ab")
+    doc.update(rounds=ROUNDS, runs_per_round=RUNS, variants=variants, runs=[])
+    for c in picked:
+        sa = (c.k, c.m) if c.transa else (c.m, c.k)
+        sb = (c.n, c.k) if c.transb else (c.k, c.n)
+        A, B, C = (b[:s[0] * s[1]].view(s) for b, s in zip(bufs, (sa, sb, (c.m, c.n))))
+        kw = dict(transa=c.transa, transb=c.transb, compute=c.compute, devices=dev,
+                  return_stats=True)
+        got: dict = {v: {"rounds": [], "plan": None} for v in variants}
+        for r in range(ROUNDS):
+            for v in variants[r % len(variants):] + variants[:r % len(variants)]:
+                stats = []
+                run = lambda: stats.append(matmul(A, B, C, tile=tile_of(v), **kw)[1])  # noqa: E731
+                run()                                     # warm-up: buffers and the plan
+                got[v]["rounds"].append(statistics.median(median_s(run, RUNS, sync)))
+                got[v]["plan"] = stats[-1].plan
+                if r == 0:
+                    got[v].update(check_row(A, B, C, c))
+        for v in variants:
+            t = statistics.median(got[v]["rounds"])
+            doc["runs"].append({"case": c.name, "variant": v, "wall_s": t,
+                                "tflops": c.flops / t / 1e12, **got[v]})
+            print(f"{c.name} {v}: {t * 1e3:.1f} ms (rounds "
+                  + ", ".join(f"{x * 1e3:.1f}" for x in got[v]["rounds"])
+                  + f") [{got[v]['plan']}]", flush=True)
+    path = common.write(doc, f"tile-ab-{common.machine_name()}" + (f"-{TAG}" if TAG else ""))
+    print(common.table(doc["runs"], ["case", "variant", "wall_s", "tflops", "check_ok"]))
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
