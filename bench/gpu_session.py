@@ -385,6 +385,14 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
     "s26-tiles": [(300, ["env", "TILE_AB=planner,8192x8192,4096x8192,2048x32768"] + PY + [
         B + "diag/tile_ab.py", "bf16-32768", "train-NN-t16384-f8192-bf16",
         "train-TN-t16384-f16384-bf16"])],
+    # nvidia-h200 (session 26): tf32x3's speed by the depth of its large term's calls
+    # (x3-gram-h200.json: its error on sums of one sign halves with each halving), beside
+    # fp32's, alternating in one process
+    "s26-x3chunk": [(400, ["env", "TILE_AB=planner,compute=tf32x3+x3chunk=1024,"
+                           "compute=tf32x3+x3chunk=512,compute=tf32x3+x3chunk=256",
+                           "TILE_AB_TAG=x3chunk"] + PY + [
+        B + "diag/tile_ab.py", "fp32-16384", "fp32-32768", "train-NT-t16384-f16384-fp32",
+        "train-TN-t32768-f16384-fp32", "train-NN-t65536-f8192-fp32"])],
     # nvidia-h200 (written in session 25): tf32x3's error on Gram matrices by BIG_CHUNK
     "s26-gram": [(120, PY + [B + "diag/x3_gram.py"])],
     # nvidia-h200 (session 22): 3b-16k outcore alone, 8 measured steps each: the balance

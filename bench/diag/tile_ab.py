@@ -1,7 +1,11 @@
-"""The planner's tiles against forced ones, alternating in one process. (GPU)
+"""Plan variants of outcore.matmul against each other, alternating in one process. (GPU)
 
     PYTHONPATH=src python3 bench/diag/tile_ab.py bf16-32768 [CASE ...]   # ~1 min a case
-    TILE_AB=planner,8192x8192,4096x4096 ... (the variants; ROWSxCOLS forces matmul(tile=))
+    TILE_AB=planner,8192x8192,4096x4096 ... (the variants)
+
+A variant is "planner" or parts joined by "+": ROWSxCOLS forces matmul(tile=),
+compute=C overrides the case's arithmetic, x3chunk=N sets split.BIG_CHUNK (tf32x3's depth
+of one call of its large term) for that variant's runs.
 
 Session 26's record ran bf16-32768 in the planner's whole-width 1024-row strips at 186-202
 ms in one process and 179 in another (model: 173; the bound 157). Such strips need all of
@@ -20,6 +24,7 @@ from __future__ import annotations
 import os
 import statistics
 import sys
+from dataclasses import replace
 
 import torch
 
@@ -28,6 +33,7 @@ sys.path.insert(0, HERE)
 import common  # noqa: E402
 from gemm import check_row, fill_, median_s, square_cases, train_cases  # noqa: E402
 
+from outcore.gemm import split as split_mod  # noqa: E402
 from outcore.gemm.matmul import matmul  # noqa: E402
 from outcore.memory import pin_  # noqa: E402
 
@@ -37,8 +43,18 @@ ROUNDS, RUNS = 3, 3
 SMOKE = False          # True: the bench's smoke cases on the CPU (a dry run of this logic)
 
 
-def tile_of(variant: str):
-    return None if variant == "planner" else tuple(int(x) for x in variant.split("x"))
+def parse(variant: str) -> tuple[dict, int | None]:
+    """matmul keywords and the BIG_CHUNK (None: the default) of one variant."""
+    kw: dict = {}
+    chunk = None
+    for part in variant.split("+"):
+        if part.startswith("compute="):
+            kw["compute"] = part.split("=", 1)[1]
+        elif part.startswith("x3chunk="):
+            chunk = int(part.split("=", 1)[1])
+        elif part != "planner":
+            kw["tile"] = tuple(int(x) for x in part.split("x"))
+    return kw, chunk
 
 
 def main() -> int:
@@ -48,6 +64,7 @@ def main() -> int:
     cases = {c.name: c for c in square_cases(SMOKE) + train_cases(SMOKE)}
     picked = [cases[n] for n in sys.argv[1:]]
     variants = VARIANTS.split(",")
+    default_chunk = split_mod.BIG_CHUNK
     dev = "cpu" if SMOKE else 0
     sync = (lambda: None) if SMOKE else torch.cuda.synchronize
     numel = max(max(c.m * c.k, c.k * c.n, c.m * c.n) for c in picked)
@@ -67,12 +84,18 @@ def main() -> int:
         for r in range(ROUNDS):
             for v in variants[r % len(variants):] + variants[:r % len(variants)]:
                 stats = []
-                run = lambda: stats.append(matmul(A, B, C, tile=tile_of(v), **kw)[1])  # noqa: E731
-                run()                                     # warm-up: buffers and the plan
-                got[v]["rounds"].append(statistics.median(median_s(run, RUNS, sync)))
+                vkw, chunk = parse(v)
+                run = lambda: stats.append(matmul(A, B, C, **{**kw, **vkw})[1])  # noqa: E731
+                split_mod.BIG_CHUNK = chunk or default_chunk
+                try:
+                    run()                                 # warm-up: buffers and the plan
+                    got[v]["rounds"].append(statistics.median(median_s(run, RUNS, sync)))
+                    if r == 0:
+                        got[v].update(check_row(A, B, C, replace(c, compute=vkw.get(
+                            "compute", c.compute))))
+                finally:
+                    split_mod.BIG_CHUNK = default_chunk
                 got[v]["plan"] = stats[-1].plan
-                if r == 0:
-                    got[v].update(check_row(A, B, C, c))
         for v in variants:
             t = statistics.median(got[v]["rounds"])
             doc["runs"].append({"case": c.name, "variant": v, "wall_s": t,
