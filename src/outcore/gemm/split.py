@@ -11,16 +11,20 @@ x) in its TF32 reading, and the dropped a_lo @ b_lo term is as small. The tensor
 truncate their running fp32 sum where an fp32 GEMM rounds each add to nearest, so the
 large term's GEMMs are kept short over K (BIG_CHUNK below).
 
-Measured on the H200 (session 25's gemm-h200.json, 20 fp32 products, 256 sampled entries
-each against float64, largest error relative to sum_k |a_ik b_kj|):
-  - where a sum's terms mix signs (the bench's uniform [-1, 1) data): 0.66-3.05x the
-    error of cuBLASXt's fp32 GEMM on the same entries (outcore's own fp32 path: 1.0-14.5x);
-  - where every term of a sum has one sign (a Gram matrix's diagonal, non-negative data)
-    the truncations add up: the one such entry sampled (A A^T at 16384) was 5.8e-6 off,
-    68x cuBLASXt's, as one truncation per 8-deep tensor-core step would make it:
-    (BIG_CHUNK / 8) x 2^-24 = 7.6e-6 of such a sum. Not fp32's accuracy there.
-  - speed: 1.34-2.25x cuBLASXt, 1.16-2.05x outcore's fp32 path (TF32 GEMMs with a
-    transposed A run slower: the TN shapes are the low end).
+Measured on the H200 (session 26; largest error relative to sum_k |a_ik b_kj| against
+float64):
+  - where a sum's terms mix signs (bench/gemm.py's record, gemm-h200.json, 20 fp32
+    products with every element drawn uniform in [-1, 1), 256 sampled entries each, then
+    1024-deep calls): 0.3-1.3x the error of outcore's own fp32 path and 0.7-3.8x
+    cuBLASXt's (3.5e-8 to 1.25e-7); 512-deep calls halve it (tile-ab-h200-x3chunk.json);
+  - where every term of a sum has one sign (A A^T, 4096 x 16384, bench/diag/x3_gram.py,
+    x3-gram-h200.json), the truncations add up, about (BIG_CHUNK / 8) x 2^-24 of the sum:
+    1.3e-5 at 2048-deep calls, 6.3e-6 at 1024, 3.0e-6 at 512 and 1.7e-6 at 256, against
+    1.0e-6 to 1.8e-6 for outcore's fp32 path. So not fp32's accuracy there: within about
+    3x at this module's 512.
+  - speed (512-deep calls, in one process against 1024): 6-9% below 1024's, 1.6-1.8x
+    outcore's fp32 path on fp32-16384 and -32768 and the NN and NT shapes, 1.2x on TN (TF32
+    GEMMs with a transposed A run slower).
 Values beyond about 3.4e38 round to infinity in hi (and lo is then NaN); an fp32 GEMM of
 them would overflow anyway.
 
@@ -71,7 +75,13 @@ def lo_part(view: torch.Tensor, lo: torch.Tensor, part: torch.Tensor) -> torch.T
 # 8192 features, largest sampled error against float64 as a multiple of cuBLASXt's:
 # 2048-deep calls 2.4-3.4x at 62-90 TFLOP/s, 1024-deep 1.4-1.7x at 75-87 (outcore's fp32
 # path: 1.1-1.9x); 1024 also halved the error of the GPU test's small tiles.
-BIG_CHUNK = 1024
+# Session 26 (bench/diag/tile_ab.py, tile-ab-h200-x3chunk.json: five fp32 cases, 1024,
+# 512 and 256 alternating in one process, 3 rounds of 3 runs): 512 ran 6-9% slower than
+# 1024 (fp32-16384 83.1 TFLOP/s against 88.7) and 256 19-28% slower; the sampled errors
+# halved from 1024 to 512 and fell by a third to a half from 512 to 256, as the one-signed
+# sums' did (x3_gram.py: 6.2e-6, 3.1e-6, 1.7e-6). 512 keeps most of the speed for half
+# the error.
+BIG_CHUNK = 512
 
 
 def split_calls(k: int) -> int:
