@@ -56,6 +56,8 @@ SHORT_CASES = ",".join(f"train-{lay}-t16384-f{f}-bf16" for f in (8192, 16384)
                        for lay in ("NT", "NN"))
 T16_BF16 = ",".join(f"train-{lay}-t16384-f{f}-bf16" for f in (8192, 16384)
                     for lay in ("NT", "NN", "TN"))
+SPREAD_CASES = ",".join(["fp32-16384", "bf16-32768", "train-NN-t32768-f8192-bf16",
+                         "train-TN-t16384-f16384-bf16", "train-NT-t16384-f8192-bf16"])
 LAZY_CASES = ",".join(["fp32-16384", "train-NN-t16384-f8192-fp32", T16_BF16])
 SIDE_VARIANTS = {"side1024": ["--flat-sides", "1024,2048,4096,8192"],
                  "side2048": ["--flat-sides", "2048,4096,8192"],
@@ -393,6 +395,12 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
                            "TILE_AB_TAG=x3chunk"] + PY + [
         B + "diag/tile_ab.py", "fp32-16384", "fp32-32768", "train-NT-t16384-f16384-fp32",
         "train-TN-t32768-f16384-fp32", "train-NN-t65536-f8192-fp32"])],
+    # nvidia-h200 (session 26): the same five cases in five processes one after another
+    # (bench/gemm.py each time: its own host matrices, bandwidth probe and in-core rates),
+    # for the spread between processes that two records of one session showed
+    "s26-spread": [(70, PY + [B + "gemm.py", "--cases", SPREAD_CASES, "--no-tf32x3",
+                              "--budget-s", "60", "--out", f"gemm-h200-s26-spread-{i}"])
+                   for i in range(1, 6)],
     # nvidia-h200 (written in session 25): tf32x3's error on Gram matrices by BIG_CHUNK
     "s26-gram": [(120, PY + [B + "diag/x3_gram.py"])],
     # nvidia-h200 (session 22): 3b-16k outcore alone, 8 measured steps each: the balance
