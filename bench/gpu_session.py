@@ -401,6 +401,12 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
     "s26-spread": [(70, PY + [B + "gemm.py", "--cases", SPREAD_CASES, "--no-tf32x3",
                               "--budget-s", "60", "--out", f"gemm-h200-s26-spread-{i}"])
                    for i in range(1, 6)],
+    # nvidia-h200 (session 26): the other capabilities' GPU tests at HEAD (transfer.py and
+    # memory/ changed since the stream tests last ran on a GPU, session 20)
+    "s26-gputests": [(240, PY + ["-m", "pytest", "-q", "-p", "no:warnings",
+                                 "tests/stream/test_gpu.py"]),
+                     (120, PY + ["-m", "pytest", "-q", "-p", "no:warnings",
+                                 "tests/swap/test_swap_cuda.py", "tests/embed/test_fused.py"])],
     # nvidia-h200 (written in session 25): tf32x3's error on Gram matrices by BIG_CHUNK
     "s26-gram": [(120, PY + [B + "diag/x3_gram.py"])],
     # nvidia-h200 (session 22): 3b-16k outcore alone, 8 measured steps each: the balance
