@@ -41,7 +41,7 @@ def register(sub) -> None:
     p.add_argument("--compute", choices=list(COMPUTE), default=None,
                    help="arithmetic (default: the dtype's own; bf16/tf32 accumulate in fp32; "
                    "tf32x3: three TF32 GEMMs of split operands, near fp32's error where sums mix "
-                   "signs: outcore.gemm.split)")
+                   "signs, about 3x it where a sum's terms share one sign: outcore.gemm.split)")
     p.add_argument("--devices", default=None,
                    help="'0,1', 'cuda:0', 'cpu' ... (default: every GPU, else the CPU)")
     p.add_argument("--gpu-memory", default=None, help="per-device budget, e.g. 8GiB "

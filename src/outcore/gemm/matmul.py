@@ -88,8 +88,8 @@ def matmul(A, B, out=None, *, transa: bool = False, transb: bool = False, alpha:
         are converted on the device, bf16 and tf32 accumulate in fp32 (a CPU worker runs
         tf32 as fp32, and bf16 as bf16 values multiplied in fp32). "tf32x3": fp32 data in
         three TF32 GEMMs of operands split into high and low parts (split.py): on the
-        H200 1.2-2x the fp32 path's speed, within 0.7-3x an fp32 GEMM's error on sums of
-        mixed signs, but up to ~70x on sums of one sign (a Gram matrix's diagonal).
+        H200 1.1-1.8x the fp32 path's speed, at most its error on sums of mixed signs (0.2-
+        0.7x in session 26's record), but about 3x it on sums of one sign (a Gram matrix).
     devices: None (every GPU, or the CPU when there is none), "cpu", 0, "cuda:1", "0,1"
         or a list; each is a worker pulling tiles from one queue. The CPU listed beside
         GPUs ("0,cpu") instead multiplies a band of C's last rows on the host, sized by

@@ -76,7 +76,8 @@ def row_factor(row_bytes: int, contiguous: bool = False, table=ROW_FACTOR) -> fl
 # tf32x3 (split.py's three GEMMs, the large one in BIG_CHUNK-deep calls; 45 shapes of 512
 # to 8192 rows, 4096 to 16384 columns, K 2048 to 16384, bench/diag/x3_shapes.py,
 # x3-shapes-h200.json, session 25, with BIG_CHUNK 2048; 1024-deep calls since ran whole
-# products 1-5% slower): peak 110.7 TFLOP/s, within 16% of every shape.
+# products 1-5% slower, and session 26's 512-deep ones 6-9% slower again; not refitted):
+# peak 110.7 TFLOP/s, within 16% of every shape.
 KERNEL_FIT = {"fp32": (57.0, 140.0), "tf32x3": (50.0, 450.0)}   # compute -> (edge, depth)
 
 

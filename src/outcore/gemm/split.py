@@ -22,9 +22,10 @@ float64):
     1.3e-5 at 2048-deep calls, 6.3e-6 at 1024, 3.0e-6 at 512 and 1.7e-6 at 256, against
     1.0e-6 to 1.8e-6 for outcore's fp32 path. So not fp32's accuracy there: within about
     3x at this module's 512.
-  - speed (512-deep calls, in one process against 1024): 6-9% below 1024's, 1.6-1.8x
-    outcore's fp32 path on fp32-16384 and -32768 and the NN and NT shapes, 1.2x on TN (TF32
-    GEMMs with a transposed A run slower).
+  - speed (512-deep calls): 6-9% below 1024's in one process (tile-ab-h200-x3chunk.json);
+    in session 26's record 1.8x cuBLASXt at 16384 and 32768, and 1.4-1.8x outcore's fp32
+    path on the square and NN and NT shapes, 1.13-1.21x on TN (TF32 GEMMs with a
+    transposed A run slower).
 Values beyond about 3.4e38 round to infinity in hi (and lo is then NaN); an fp32 GEMM of
 them would overflow anyway.
 
