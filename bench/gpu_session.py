@@ -407,6 +407,9 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
                                  "tests/stream/test_gpu.py"]),
                      (120, PY + ["-m", "pytest", "-q", "-p", "no:warnings",
                                  "tests/swap/test_swap_cuda.py", "tests/embed/test_fused.py"])],
+    # nvidia-h200 (session 26): tf32x3's GEMM rates by tile shape at BIG_CHUNK 512, for a
+    # refit of model.KERNEL_FIT["tf32x3"] (session 25's fit was at 2048)
+    "s26-x3shapes": [(150, ["env", "X3_SHAPES_TAG=k512"] + PY + [B + "diag/x3_shapes.py"])],
     # nvidia-h200 (written in session 25): tf32x3's error on Gram matrices by BIG_CHUNK
     "s26-gram": [(120, PY + [B + "diag/x3_gram.py"])],
     # nvidia-h200 (session 22): 3b-16k outcore alone, 8 measured steps each: the balance

@@ -11,7 +11,9 @@ device) for tiles `ROWS` x `COLS` and merged runs `KS` deep: the rate the planne
 k / (k + depth). Part 2: the GPU test's product (1024 x 768 x 16384 in 512^2 tiles, K
 blocks 4096), whose NT layout had tf32x3 at 3.7x the in-memory fp32 GEMM's error where the
 large tiles of x3-accuracy-h200.json had 0.84x: the error by split.BIG_CHUNK and layout.
-Writes bench/results/x3-shapes-<machine>.json, tables last.
+Writes bench/results/x3-shapes-<machine>.json (X3_SHAPES_TAG=T: -T.json), tables last;
+the large term's calls are split.BIG_CHUNK deep (512 since session 26; 2048 in session
+25's file).
 """
 
 from __future__ import annotations
@@ -137,7 +139,8 @@ def main() -> int:
     acc_rows = accuracy()
     doc = common.header("x3-shapes")
     doc.update(runs=rows, fit=best, accuracy=acc_rows, big_chunk=BIG_CHUNK)
-    path = common.write(doc, f"x3-shapes-{common.machine_name()}")
+    tag = os.environ.get("X3_SHAPES_TAG")   # a name of its own: x3-shapes-<machine>-TAG.json
+    path = common.write(doc, f"x3-shapes-{common.machine_name()}" + (f"-{tag}" if tag else ""))
     print(common.table(rows, ["rows", "cols", "k", "tflops"]))
     print(f"fit: {best}")
     print(common.table(acc_rows, ["layout", "variant", "max_rel_error", "vs_sgemm"]))
