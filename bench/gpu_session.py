@@ -410,6 +410,15 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
     # nvidia-h200 (session 26): tf32x3's GEMM rates by tile shape at BIG_CHUNK 512, for a
     # refit of model.KERNEL_FIT["tf32x3"] (session 25's fit was at 2048)
     "s26-x3shapes": [(150, ["env", "X3_SHAPES_TAG=k512"] + PY + [B + "diag/x3_shapes.py"])],
+    # nvidia-h200 (written in session 26 for the next): the five tf32x3 plans that the refit
+    # of x3-shapes-h200-k512.json (edge 140, depth 400, peak 106.4) changes, the planner's
+    # against the refit's, alternating in one process (tile_ab.py's x3fit variant); the
+    # refit goes in only where it wins
+    "s27-x3fit": [(300, ["env", "TILE_AB=compute=tf32x3,compute=tf32x3+x3fit=140:400:106.4",
+                         "TILE_AB_TAG=x3fit"] + PY + [B + "diag/tile_ab.py"] + [
+        f"train-{case}-fp32" for case in ("NT-t16384-f8192", "NN-t32768-f8192",
+                                          "NN-t32768-f16384", "NN-t65536-f8192",
+                                          "NT-t65536-f16384")])],
     # nvidia-h200 (written in session 25): tf32x3's error on Gram matrices by BIG_CHUNK
     "s26-gram": [(120, PY + [B + "diag/x3_gram.py"])],
     # nvidia-h200 (session 22): 3b-16k outcore alone, 8 measured steps each: the balance

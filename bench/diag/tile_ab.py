@@ -5,7 +5,9 @@
 
 A variant is "planner" or parts joined by "+": ROWSxCOLS forces matmul(tile=),
 compute=C overrides the case's arithmetic, x3chunk=N sets split.BIG_CHUNK (tf32x3's depth
-of one call of its large term) for that variant's runs.
+of one call of its large term) for that variant's runs, and x3fit=EDGE:DEPTH:PEAK plans
+with tf32x3's kernel fit (model.KERNEL_FIT, Rates.flops) set so (each plan searched once,
+before the timed runs, like the planner's own cache).
 
 Session 26's record ran bf16-32768 in the planner's whole-width 1024-row strips at 186-202
 ms in one process and 179 in another (model: 173; the bound 157). Such strips need all of
@@ -23,6 +25,8 @@ last. Session 26 (tile-ab-h200.json): the square tiles lost, 8192^2 216 ms and 4
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import os
 import statistics
 import sys
@@ -35,8 +39,13 @@ sys.path.insert(0, HERE)
 import common  # noqa: E402
 from gemm import check_row, fill_, median_s, square_cases, train_cases  # noqa: E402
 
+from outcore.gemm import model as model_mod  # noqa: E402
+from outcore.gemm import plan as plan_mod  # noqa: E402
 from outcore.gemm import split as split_mod  # noqa: E402
 from outcore.gemm.matmul import matmul  # noqa: E402
+
+# the module, not the function outcore.gemm re-exports under the same name
+matmul_mod = importlib.import_module("outcore.gemm.matmul")
 from outcore.memory import pin_  # noqa: E402
 
 VARIANTS = os.environ.get("TILE_AB", "planner,8192x8192,4096x4096,16384x16384,2048x32768")
@@ -45,18 +54,50 @@ ROUNDS, RUNS = 3, 3
 SMOKE = False          # True: the bench's smoke cases on the CPU (a dry run of this logic)
 
 
-def parse(variant: str) -> tuple[dict, int | None]:
-    """matmul keywords and the BIG_CHUNK (None: the default) of one variant."""
+def parse(variant: str) -> tuple[dict, int | None, tuple | None]:
+    """matmul keywords, the BIG_CHUNK and the tf32x3 fit (None: the defaults) of a variant."""
     kw: dict = {}
-    chunk = None
+    chunk = fit = None
     for part in variant.split("+"):
         if part.startswith("compute="):
             kw["compute"] = part.split("=", 1)[1]
         elif part.startswith("x3chunk="):
             chunk = int(part.split("=", 1)[1])
+        elif part.startswith("x3fit="):
+            fit = tuple(float(x) for x in part.split("=", 1)[1].split(":"))
         elif part != "planner":
             kw["tile"] = tuple(int(x) for x in part.split("x"))
-    return kw, chunk
+    return kw, chunk, fit
+
+
+@contextlib.contextmanager
+def x3_fit(fit: tuple | None):
+    """matmul planning with tf32x3's kernel fit (edge, depth, peak FLOP/s in TFLOP/s) for
+    the enclosed runs; plans memoized per fit, as make_plan's cache does for the default
+    (whose key does not hold the fit, so it is bypassed here)."""
+    if fit is None:
+        yield
+        return
+    edge, depth, peak = fit
+    old_fit = model_mod.KERNEL_FIT["tf32x3"]
+    rates = model_mod.Rates(flops={**model_mod.Rates().flops, "tf32x3": peak * 1e12})
+    memo = _FIT_PLANS.setdefault(fit, {})
+
+    def planned(*args, **kw):
+        key = (args, tuple(sorted((k, str(v)) for k, v in kw.items())))
+        if key not in memo:
+            memo[key] = plan_mod.make_plan(*args, rates=rates, **kw)
+        return memo[key]
+    model_mod.KERNEL_FIT["tf32x3"] = (edge, depth)
+    matmul_mod.make_plan = planned
+    try:
+        yield
+    finally:
+        matmul_mod.make_plan = plan_mod.make_plan
+        model_mod.KERNEL_FIT["tf32x3"] = old_fit
+
+
+_FIT_PLANS: dict = {}
 
 
 def main() -> int:
@@ -86,15 +127,16 @@ def main() -> int:
         for r in range(ROUNDS):
             for v in variants[r % len(variants):] + variants[:r % len(variants)]:
                 stats = []
-                vkw, chunk = parse(v)
+                vkw, chunk, fit = parse(v)
                 run = lambda: stats.append(matmul(A, B, C, **{**kw, **vkw})[1])  # noqa: E731
                 split_mod.BIG_CHUNK = chunk or default_chunk
                 try:
-                    run()                                 # warm-up: buffers and the plan
-                    got[v]["rounds"].append(statistics.median(median_s(run, RUNS, sync)))
-                    if r == 0:
-                        got[v].update(check_row(A, B, C, replace(c, compute=vkw.get(
-                            "compute", c.compute))))
+                    with x3_fit(fit):
+                        run()                             # warm-up: buffers and the plan
+                        got[v]["rounds"].append(statistics.median(median_s(run, RUNS, sync)))
+                        if r == 0:
+                            got[v].update(check_row(A, B, C, replace(c, compute=vkw.get(
+                                "compute", c.compute))))
                 finally:
                     split_mod.BIG_CHUNK = default_chunk
                 got[v]["plan"] = stats[-1].plan
