@@ -419,6 +419,13 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
         f"train-{case}-fp32" for case in ("NT-t16384-f8192", "NN-t32768-f8192",
                                           "NN-t32768-f16384", "NN-t65536-f8192",
                                           "NT-t65536-f16384")])],
+    # nvidia-h200 (written in session 26 for the next): the slow process (one in four or
+    # five ran a product 8-14% slow, gemm-h200-s26-spread-*.json): the same two products
+    # traced in five processes in a row, each its own timeline, to tell the link from the
+    # host's pages from the device where one is slow
+    "s27-slowproc": [(80, ["env", f"GEMM_TRACE_TAG=s27-p{i}"] + PY + [
+        B + "diag/gemm_trace.py", "bf16-32768", "train-NN-t32768-f8192-bf16"])
+                     for i in range(1, 6)],
     # nvidia-h200 (written in session 25): tf32x3's error on Gram matrices by BIG_CHUNK
     "s26-gram": [(120, PY + [B + "diag/x3_gram.py"])],
     # nvidia-h200 (session 22): 3b-16k outcore alone, 8 measured steps each: the balance
