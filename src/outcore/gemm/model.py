@@ -73,12 +73,13 @@ def row_factor(row_bytes: int, contiguous: bool = False, table=ROW_FACTOR) -> fl
 # peak x (1 - edge / rows - edge / cols) x k / (k + depth): within 2% of those and 5 more
 # shapes but one (16384^2 x 1024: 4% low). Other computes: their flat rate (bf16's measured
 # rates do not follow the shape smoothly).
-# tf32x3 (split.py's three GEMMs, the large one in BIG_CHUNK-deep calls; 45 shapes of 512
-# to 8192 rows, 4096 to 16384 columns, K 2048 to 16384, bench/diag/x3_shapes.py,
-# x3-shapes-h200.json, session 25, with BIG_CHUNK 2048; 1024-deep calls since ran whole
-# products 1-5% slower, and session 26's 512-deep ones 6-9% slower again; not refitted):
-# peak 110.7 TFLOP/s, within 16% of every shape.
-KERNEL_FIT = {"fp32": (57.0, 140.0), "tf32x3": (50.0, 450.0)}   # compute -> (edge, depth)
+# tf32x3 (split.py's three GEMMs, the large one in BIG_CHUNK-deep calls): 45 shapes of 512
+# to 8192 rows, 4096 to 16384 columns, K 2048 to 16384 (bench/diag/x3_shapes.py) with
+# BIG_CHUNK 512, fitted as above: peak 106.4 TFLOP/s, within 17% of every shape
+# (x3-shapes-h200-k512.json, session 26). It changed 5 of the bench's 20 tf32x3 plans, and
+# each new plan ran 1.02-1.26x faster than the old fit's, alternating in one process
+# (tile-ab-h200-x3fit.json, session 27).
+KERNEL_FIT = {"fp32": (57.0, 140.0), "tf32x3": (140.0, 400.0)}   # compute -> (edge, depth)
 
 
 def kernel_rate(rates: "Rates", compute: str, rows: int, cols: int, k: int) -> float:
@@ -95,7 +96,7 @@ class Rates:
     """Per-device rates the schedule is chosen with (H200 figures from DESIGN.md; fp32's
     and tf32x3's are the peaks of `kernel_rate`'s fits)."""
     flops: dict = field(default_factory=lambda: {
-        "fp64": 60e12, "fp32": 53.6e12, "tf32": 414e12, "tf32x3": 110.7e12,
+        "fp64": 60e12, "fp32": 53.6e12, "tf32": 414e12, "tf32x3": 106.4e12,
         "bf16": 801e12})
     h2d: float = 55e9
     d2h: float = 55e9
