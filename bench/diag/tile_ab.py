@@ -7,7 +7,10 @@ A variant is "planner" or parts joined by "+": ROWSxCOLS forces matmul(tile=),
 compute=C overrides the case's arithmetic, x3chunk=N sets split.BIG_CHUNK (tf32x3's depth
 of one call of its large term) for that variant's runs, and x3fit=EDGE:DEPTH:PEAK plans
 with tf32x3's kernel fit (model.KERNEL_FIT, Rates.flops) set so (each plan searched once,
-before the timed runs, like the planner's own cache).
+before the timed runs, like the planner's own cache), and set=MODULE.NAME=VALUE sets
+outcore.gemm.MODULE.NAME for that variant's runs (set=copies.RAW_COPIES=0). Each row has
+the host's median time before the first copy and after the device's end (ready_ms,
+after_ms: GemmStats.phases).
 
 Session 26's record ran bf16-32768 in the planner's whole-width 1024-row strips at 186-202
 ms in one process and 179 in another (model: 173; the bound 157). Such strips need all of
@@ -54,12 +57,17 @@ ROUNDS, RUNS = 3, 3
 SMOKE = False          # True: the bench's smoke cases on the CPU (a dry run of this logic)
 
 
-def parse(variant: str) -> tuple[dict, int | None, tuple | None]:
-    """matmul keywords, the BIG_CHUNK and the tf32x3 fit (None: the defaults) of a variant."""
+def parse(variant: str) -> tuple[dict, int | None, tuple | None, dict]:
+    """matmul keywords, the BIG_CHUNK and the tf32x3 fit (None: the defaults) of a variant,
+    and the module settings it makes ({"copies.RAW_COPIES": 0, ...})."""
     kw: dict = {}
     chunk = fit = None
+    sets: dict = {}
     for part in variant.split("+"):
-        if part.startswith("compute="):
+        if part.startswith("set="):
+            name, value = part[4:].split("=")
+            sets[name] = float(value) if "." in value else int(value)
+        elif part.startswith("compute="):
             kw["compute"] = part.split("=", 1)[1]
         elif part.startswith("x3chunk="):
             chunk = int(part.split("=", 1)[1])
@@ -67,7 +75,22 @@ def parse(variant: str) -> tuple[dict, int | None, tuple | None]:
             fit = tuple(float(x) for x in part.split("=", 1)[1].split(":"))
         elif part != "planner":
             kw["tile"] = tuple(int(x) for x in part.split("x"))
-    return kw, chunk, fit
+    return kw, chunk, fit, sets
+
+
+@contextlib.contextmanager
+def settings(sets: dict):
+    """outcore.gemm's module attributes set to `sets`' values for the enclosed runs
+    ("copies.RAW_COPIES" is outcore.gemm.copies.RAW_COPIES), restored after."""
+    mods = {n: importlib.import_module("outcore.gemm." + n.rsplit(".", 1)[0]) for n in sets}
+    old = {n: getattr(mods[n], n.rsplit(".", 1)[1]) for n in sets}
+    for n, v in sets.items():
+        setattr(mods[n], n.rsplit(".", 1)[1], type(old[n])(v))
+    try:
+        yield
+    finally:
+        for n, v in old.items():
+            setattr(mods[n], n.rsplit(".", 1)[1], v)
 
 
 @contextlib.contextmanager
@@ -123,17 +146,21 @@ def main() -> int:
         A, B, C = (b[:s[0] * s[1]].view(s) for b, s in zip(bufs, (sa, sb, (c.m, c.n))))
         kw = dict(transa=c.transa, transb=c.transb, compute=c.compute, devices=dev,
                   return_stats=True)
-        got: dict = {v: {"rounds": [], "plan": None} for v in variants}
+        got: dict = {v: {"rounds": [], "plan": None, "ready_ms": [], "after_ms": []}
+                     for v in variants}
         for r in range(ROUNDS):
             for v in variants[r % len(variants):] + variants[:r % len(variants)]:
                 stats = []
-                vkw, chunk, fit = parse(v)
+                vkw, chunk, fit, sets = parse(v)
                 run = lambda: stats.append(matmul(A, B, C, **{**kw, **vkw})[1])  # noqa: E731
                 split_mod.BIG_CHUNK = chunk or default_chunk
                 try:
-                    with x3_fit(fit):
+                    with x3_fit(fit), settings(sets):
                         run()                             # warm-up: buffers and the plan
                         got[v]["rounds"].append(statistics.median(median_s(run, RUNS, sync)))
+                        for ph in (st.phases() for st in stats[1:]):
+                            got[v]["ready_ms"].append(ph["ready_s"] * 1e3)
+                            got[v]["after_ms"].append((ph["wall_s"] - ph["synced_s"]) * 1e3)
                         if r == 0:
                             got[v].update(check_row(A, B, C, replace(c, compute=vkw.get(
                                 "compute", c.compute))))
@@ -142,13 +169,15 @@ def main() -> int:
                 got[v]["plan"] = stats[-1].plan
         for v in variants:
             t = statistics.median(got[v]["rounds"])
+            host = {f"{x}_median": statistics.median(got[v][x]) for x in ("ready_ms", "after_ms")}
             doc["runs"].append({"case": c.name, "variant": v, "wall_s": t,
-                                "tflops": c.flops / t / 1e12, **got[v]})
+                                "tflops": c.flops / t / 1e12, **host, **got[v]})
             print(f"{c.name} {v}: {t * 1e3:.1f} ms (rounds "
                   + ", ".join(f"{x * 1e3:.1f}" for x in got[v]["rounds"])
                   + f") [{got[v]['plan']}]", flush=True)
     path = common.write(doc, f"tile-ab-{common.machine_name()}" + (f"-{TAG}" if TAG else ""))
-    print(common.table(doc["runs"], ["case", "variant", "wall_s", "tflops", "check_ok"]))
+    print(common.table(doc["runs"], ["case", "variant", "wall_s", "tflops", "ready_ms_median",
+                                     "after_ms_median", "check_ok"]))
     print(f"wrote {path}")
     return 0
 

@@ -15,14 +15,15 @@ import torch
 class Lanes:
     """The three streams of one compute device: h2d, d2h and compute (the current stream)."""
 
-    def __init__(self, device: torch.device, light: bool = False):
+    def __init__(self, device: torch.device, light: bool = False, copy_streams=None):
+        """copy_streams: (h2d, d2h) streams of `device` to use instead of two new ones."""
         self.device = device
         self.cuda = device.type == "cuda"
         self.light = light   # `on` by torch.cuda.set_stream (_StreamOn), see there
         if self.cuda:
             self.compute = torch.cuda.current_stream(device)
-            self.h2d = torch.cuda.Stream(device)
-            self.d2h = torch.cuda.Stream(device)
+            self.h2d, self.d2h = copy_streams or (torch.cuda.Stream(device),
+                                                  torch.cuda.Stream(device))
         else:
             self.compute = self.h2d = self.d2h = None
 

@@ -59,7 +59,7 @@ def test_every_buffer_of_a_product_is_a_view_of_the_arena(monkeypatch):
 
 
 def test_an_arena_no_cached_block_holds_empties_the_cache_first(monkeypatch):
-    """The rule of _make_room, with the allocator faked: an arena that a freed cached block
+    """The rule of _make_room (arena.ROOM_BY_SNAPSHOT), with the allocator faked: an arena that a freed cached block
     holds reuses it; one that none holds empties the cache first, when something is
     cached; what earlier products made does not matter (an empty_cache by someone else)."""
     calls = []
@@ -87,6 +87,72 @@ def test_an_arena_no_cached_block_holds_empties_the_cache_first(monkeypatch):
     state["allocated"], state["reserved"], state["free"] = 0, 2 << 20, [2 << 20]
     arena_mod._make_room(dev, 4 << 20)
     assert calls == ["empty", "empty"]
+
+
+class FakeAllocator:
+    """A caching allocator's segments as byte counts: an allocation takes a freed cached
+    block that holds it, else makes a segment of its own; a tensor's block is freed into
+    the cache when the tensor goes; empty_cache drops the free blocks."""
+
+    def __init__(self):
+        self.free: list[int] = []       # freed cached blocks (one per segment here)
+        self.live: list[int] = []
+        self.empties = 0
+
+    def stats(self, device=None):
+        reserved = sum(self.free) + sum(self.live)
+        return fake_stats(reserved, sum(self.live)) if reserved else {}
+
+    def alloc(self, n: int) -> "_Tensor":
+        fits = [b for b in self.free if b >= n]
+        block = min(fits) if fits else n
+        if fits:
+            self.free.remove(block)
+        self.live.append(block)
+        return _Tensor(self, block)
+
+    def empty_cache(self) -> None:
+        self.empties += 1
+        self.free = []
+
+
+class _Tensor:
+    def __init__(self, fake: FakeAllocator, block: int):
+        self.fake, self.block = fake, block
+
+    def __del__(self):
+        self.fake.live.remove(self.block)
+        self.fake.free.append(self.block)
+
+
+def test_an_arena_that_took_a_new_segment_beside_cached_blocks_is_made_again_alone(
+        monkeypatch):
+    """The rule of _make_room checked after the allocation (arena._alone, the default): an
+    arena a freed block holds reuses it; one that made a segment beside freed blocks hands
+    them back with its own and is made again, so one segment holds what the device has;
+    with nothing cached nothing is handed back."""
+    fake = FakeAllocator()
+    monkeypatch.setattr(torch.cuda.memory, "memory_stats_as_nested_dict", fake.stats)
+    monkeypatch.setattr(torch.cuda, "empty_cache", fake.empty_cache)
+    dev = torch.device("cuda", 0)
+    made = []
+
+    def arena(n):
+        def alloc():
+            made.append(n)
+            return fake.alloc(n)
+        return arena_mod._alone(dev, alloc)
+
+    arena(8 << 20)                               # the first: nothing cached before it
+    assert fake.empties == 0 and fake.free == [8 << 20]   # ... and freed into the cache
+    arena(6 << 20)                               # the freed 8 MiB block holds it: reused
+    assert fake.empties == 0 and fake.free == [8 << 20] and made == [8 << 20, 6 << 20]
+    kept = arena(9 << 20)                        # none holds it: made again, alone
+    assert fake.empties == 1 and made[-2:] == [9 << 20, 9 << 20]
+    assert fake.free == [] and fake.live == [9 << 20]
+    also = arena(12 << 20)                       # nothing cached (the 9 MiB is in use)
+    assert fake.empties == 1 and fake.live == [9 << 20, 12 << 20]
+    del kept, also
 
 
 def test_cached_unused_bytes_reads_the_allocators_nested_stats_once(monkeypatch):

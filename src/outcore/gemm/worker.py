@@ -20,6 +20,7 @@ has fewer pieces), and then each tile to the end.
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -83,6 +84,25 @@ class _Run:
 # tokens 1.02-1.06x faster with it, the fp32 ones the same.
 LIGHT_STREAM_CTX = True
 
+# Whether a device's copy and conversion streams are made once per process and reused by
+# every product on it (False: three new streams a product, the rule until session 27).
+# Creating them took 0.05-0.08 ms of a product's host time before its first copy
+# (host-setup-h200*.json). Products on one device that overlap in time (two threads) then
+# share the streams: their work is ordered by events either way, and the streams keep
+# each one's copies in order.
+REUSE_STREAMS = True
+_STREAMS: dict = {}              # device index -> (h2d, d2h, conversion) streams
+_STREAMS_LOCK = threading.Lock()
+
+
+def _device_streams(device: torch.device) -> tuple:
+    """This process's (h2d, d2h, conversion) streams of CUDA `device`."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    with _STREAMS_LOCK:
+        if index not in _STREAMS:
+            _STREAMS[index] = tuple(torch.cuda.Stream(index) for _ in range(3))
+        return _STREAMS[index]
+
 
 class DeviceWorker(BlockLoads):
     """Runs tiles on `device` for `job`; counts into `stats`; `progress(n)` per tile done."""
@@ -127,8 +147,9 @@ class DeviceWorker(BlockLoads):
     def _setup(self) -> None:
         p, dev = self.plan, self.device
         self.lanes = self._make_lanes()
-        self.conv = (torch.cuda.Stream(dev) if dev.type == "cuda" and (p.needs_landing or p.splits)
-                     else None)
+        self.conv = None
+        if dev.type == "cuda" and (p.needs_landing or p.splits):
+            self.conv = _device_streams(dev)[2] if REUSE_STREAMS else torch.cuda.Stream(dev)
         # Buffer reuse: every buffer of this product is a view of one allocation (arena.py),
         # sized by the plan; the next product reuses its segment.
         self.arena = Arena.for_plan(dev, p)
@@ -147,7 +168,9 @@ class DeviceWorker(BlockLoads):
         self.clock = DeviceClock(p.compute)
 
     def _make_lanes(self) -> Lanes:
-        return Lanes(self.device, light=LIGHT_STREAM_CTX)
+        reuse = REUSE_STREAMS and self.device.type == "cuda"
+        return Lanes(self.device, light=LIGHT_STREAM_CTX,
+                     copy_streams=_device_streams(self.device)[:2] if reuse else None)
 
     def _buf(self, bufs: list, i: int, numel: int, dtype, shape) -> torch.Tensor:
         if bufs[i] is None:
