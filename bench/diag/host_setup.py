@@ -35,7 +35,8 @@ CASES = ("fp32-16384", "train-NN-t16384-f8192-bf16")
 
 # the steps before a product's first copy (by function name), listed by their total time
 SETUP = ("resolve_budget", "make_plan", "_setup", "_make_room", "largest_free_block",
-         "memory_snapshot", "__init__", "_make_lanes", "mem_get_info")
+         "memory_snapshot", "__init__", "_make_lanes", "mem_get_info", "_counts",
+         "release", "_device_streams")
 
 
 def profile_top(fn, n: int = 15) -> list[dict]:

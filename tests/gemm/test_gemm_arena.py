@@ -64,6 +64,7 @@ def test_an_arena_no_cached_block_holds_empties_the_cache_first(monkeypatch):
     cached; what earlier products made does not matter (an empty_cache by someone else)."""
     calls = []
     state = {"reserved": 0, "allocated": 0, "free": []}
+    monkeypatch.setattr(arena_mod, "_FREED", {})      # no last arena: every call asks
     monkeypatch.setattr(torch.cuda.memory, "memory_stats_as_nested_dict",
                         lambda d=None: fake_stats(state["reserved"], state["allocated"]))
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append("empty"))
@@ -89,70 +90,61 @@ def test_an_arena_no_cached_block_holds_empties_the_cache_first(monkeypatch):
     assert calls == ["empty", "empty"]
 
 
-class FakeAllocator:
-    """A caching allocator's segments as byte counts: an allocation takes a freed cached
-    block that holds it, else makes a segment of its own; a tensor's block is freed into
-    the cache when the tensor goes; empty_cache drops the free blocks."""
-
-    def __init__(self):
-        self.free: list[int] = []       # freed cached blocks (one per segment here)
-        self.live: list[int] = []
-        self.empties = 0
-
-    def stats(self, device=None):
-        reserved = sum(self.free) + sum(self.live)
-        return fake_stats(reserved, sum(self.live)) if reserved else {}
-
-    def alloc(self, n: int) -> "_Tensor":
-        fits = [b for b in self.free if b >= n]
-        block = min(fits) if fits else n
-        if fits:
-            self.free.remove(block)
-        self.live.append(block)
-        return _Tensor(self, block)
-
-    def empty_cache(self) -> None:
-        self.empties += 1
-        self.free = []
-
-
-class _Tensor:
-    def __init__(self, fake: FakeAllocator, block: int):
-        self.fake, self.block = fake, block
-
-    def __del__(self):
-        self.fake.live.remove(self.block)
-        self.fake.free.append(self.block)
-
-
-def test_an_arena_that_took_a_new_segment_beside_cached_blocks_is_made_again_alone(
+def test_an_arena_after_its_predecessor_skips_the_snapshot_only_if_nothing_changed(
         monkeypatch):
-    """The rule of _make_room checked after the allocation (arena._alone, the default): an
-    arena a freed block holds reuses it; one that made a segment beside freed blocks hands
-    them back with its own and is made again, so one segment holds what the device has;
-    with nothing cached nothing is handed back."""
-    fake = FakeAllocator()
-    monkeypatch.setattr(torch.cuda.memory, "memory_stats_as_nested_dict", fake.stats)
-    monkeypatch.setattr(torch.cuda, "empty_cache", fake.empty_cache)
+    """arena.SKIP_SNAPSHOT: the next arena no larger than the last one freed on the device,
+    with no allocation and the same reserved and allocated bytes since, takes the freed
+    block without a snapshot; a larger one, or any allocation in between, asks the
+    snapshot (and empties the cache if no freed block holds it)."""
+    snaps, empties = [], []
+    state = {"reserved": 0, "allocated": 0, "allocs": 0, "free": []}
+
+    def stats(d=None):
+        st = fake_stats(state["reserved"], state["allocated"])
+        st["allocation"] = {"all": {"allocated": state["allocs"]}}
+        return st
+
+    def snapshot():
+        snaps.append(1)
+        return [{"device": 0, "blocks": [{"state": "inactive", "size": n}
+                                         for n in state["free"]]}]
+
+    monkeypatch.setattr(torch.cuda.memory, "memory_stats_as_nested_dict", stats)
+    monkeypatch.setattr(torch.cuda, "memory_snapshot", snapshot)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: empties.append(1))
+    monkeypatch.setattr(arena_mod, "_index", lambda device: 0)
+    monkeypatch.setattr(arena_mod, "_FREED", {})
     dev = torch.device("cuda", 0)
-    made = []
 
-    def arena(n):
-        def alloc():
-            made.append(n)
-            return fake.alloc(n)
-        return arena_mod._alone(dev, alloc)
+    def made(n):            # Arena(dev, n) on the faked allocator
+        arena_mod._make_room(dev, n)
+        state["allocs"] += 1
+        if state["free"] and max(state["free"]) >= n:
+            state["free"] = []              # the freed block holds it (and the rest of it)
+        else:
+            state["reserved"] += n
+        state["allocated"] += n
+        a = object.__new__(Arena)
+        a.buf = type("Buf", (), {"device": dev, "numel": lambda self: n})()
+        return a
 
-    arena(8 << 20)                               # the first: nothing cached before it
-    assert fake.empties == 0 and fake.free == [8 << 20]   # ... and freed into the cache
-    arena(6 << 20)                               # the freed 8 MiB block holds it: reused
-    assert fake.empties == 0 and fake.free == [8 << 20] and made == [8 << 20, 6 << 20]
-    kept = arena(9 << 20)                        # none holds it: made again, alone
-    assert fake.empties == 1 and made[-2:] == [9 << 20, 9 << 20]
-    assert fake.free == [] and fake.live == [9 << 20]
-    also = arena(12 << 20)                       # nothing cached (the 9 MiB is in use)
-    assert fake.empties == 1 and fake.live == [9 << 20, 12 << 20]
-    del kept, also
+    def freed(a, n):
+        state["allocated"] -= n
+        state["free"] = [n]
+        a.release()
+
+    a = made(8 << 20)                        # nothing cached: no snapshot needed
+    freed(a, 8 << 20)
+    assert (snaps, empties) == ([], [])
+    a = made(6 << 20)                        # fits the last freed arena, nothing since
+    assert (snaps, empties) == ([], [])
+    freed(a, 6 << 20)
+    state["allocs"] += 1                     # someone allocated (and freed) in between
+    a = made(6 << 20)
+    assert snaps == [1] and empties == []    # the snapshot decides: 6 MiB still fits
+    freed(a, 6 << 20)
+    made(12 << 20)                           # larger than the last arena: snapshot, empty
+    assert snaps == [1, 1] and empties == [1]
 
 
 def test_cached_unused_bytes_reads_the_allocators_nested_stats_once(monkeypatch):

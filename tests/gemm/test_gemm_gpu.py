@@ -310,47 +310,23 @@ def test_tf32x3_is_near_the_fp32_gemms_error_where_tf32_is_far(ta, tb):
     assert err["tf32"] > 30 * err["tf32x3"], err
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
-def test_copies_by_address_move_the_region_both_ways(dtype):
-    """copies.Copier's direct path (cudacopy.copy_host_region): a host region given by its
-    address and pitch lands where torch's view of it would, one row and a column slice of
-    a device block included, and goes back to the host region without touching its
-    neighbours."""
-    from outcore.gemm.cudacopy import copy_host_region
-    host = pin_(torch.randn(37, 53).to(dtype))
-    _PINNED.append(host)
-    hm = HostMatrix(host, "A")
-    stream = torch.cuda.Stream()
-    block = torch.zeros(40, 64, dtype=dtype, device="cuda")
-    for r0, r1, c0, c1 in ((0, 37, 0, 53), (5, 6, 3, 50), (10, 30, 7, 19)):
-        dev = block[:r1 - r0, 2:2 + c1 - c0]          # rows 64 elements apart
-        assert copy_host_region(dev, hm.address(r0, c0), hm.pitch, True, stream.cuda_stream)
-        stream.synchronize()
-        assert torch.equal(dev.cpu(), host[r0:r1, c0:c1])
-    back = pin_(torch.zeros(37, 53, dtype=dtype))
-    _PINNED.append(back)
-    hb = HostMatrix(back, "C")
-    src = torch.randn(8, 11, device="cuda").to(dtype)
-    assert copy_host_region(src, hb.address(4, 9), hb.pitch, False, stream.cuda_stream)
-    stream.synchronize()
-    want = torch.zeros(37, 53, dtype=dtype)
-    want[4:12, 9:20] = src.cpu()
-    assert torch.equal(back, want)
-
-
 @pytest.mark.parametrize("compute", ["fp32", "bf16"])
 def test_host_paths_of_session_27_give_the_same_bits_as_the_old_ones(compute, monkeypatch):
-    """Copies by address, streams kept per device and the arena checked after it is made
-    (session 27) against the views, new streams and the snapshot rule before them: the
-    same plan runs the same GEMMs, so the products agree bit for bit, and match float64."""
-    from outcore.gemm import arena, copies, worker
-    A, B, C = _data(1500, 1100, 1300, True)          # a pinned out: copied out by address
+    """Streams kept per device and the arena's snapshot skipped after its predecessor
+    (session 27) against new streams and a snapshot every product: the same plan runs the
+    same GEMMs, so the products agree bit for bit, and match float64. The second product
+    in a row asks no snapshot."""
+    from outcore.gemm import arena, worker
+    A, B, C = _data(1500, 1100, 1300, True)
     kw = dict(devices=0, compute=compute, tile=(512, 384))
     new = matmul(A, B, C, **kw).clone()
+    snaps = []
+    real = arena.largest_free_block
+    monkeypatch.setattr(arena, "largest_free_block", lambda d: snaps.append(d) or real(d))
     again = matmul(A, B, C, **kw).clone()            # the kept streams, a second time
-    monkeypatch.setattr(copies, "RAW_COPIES", False)
+    assert snaps == []
     monkeypatch.setattr(worker, "REUSE_STREAMS", False)
-    monkeypatch.setattr(arena, "ROOM_BY_SNAPSHOT", True)
+    monkeypatch.setattr(arena, "SKIP_SNAPSHOT", False)
     old = matmul(A, B, C, **kw)
     assert torch.equal(new, old) and torch.equal(new, again)
     check_close(new, A.double().numpy(), B.double().numpy(), None, 1.0, 0.0, compute)

@@ -39,6 +39,30 @@ def largest_free_block(device: torch.device) -> int:
     return best
 
 
+def _counts(device: torch.device) -> tuple | None:
+    """The caching allocator's (reserved bytes, allocated bytes, allocations made so far)
+    on `device`, or None before it has allocated anything."""
+    st = torch.cuda.memory.memory_stats_as_nested_dict(device)
+    if not st:
+        return None
+    return (st["reserved_bytes"]["all"]["current"], st["allocated_bytes"]["all"]["current"],
+            st["allocation"]["all"]["allocated"])
+
+
+# device index -> (bytes of the last arena freed there, _counts right after it was freed)
+_FREED: dict = {}
+
+# Whether _make_room may skip the snapshot where the last arena freed on the device holds
+# the new one and nothing has been allocated or handed back since (False: a snapshot
+# every product, the rule until session 27). The snapshot took 0.2 ms of each product's
+# host time before its first copy (host-setup-h200*.json), 1% of an 18 ms bf16 product.
+SKIP_SNAPSHOT = True
+
+
+def _index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
 def _make_room(device: torch.device, nbytes: int) -> None:
     """Before a CUDA arena of `nbytes`: when the allocator caches freed blocks but none of
     them holds the arena, hand the cache back, so the new segment is not made beside them.
@@ -46,8 +70,16 @@ def _make_room(device: torch.device, nbytes: int) -> None:
     Asked of the allocator each time, not remembered: session 9's GPU test of it failed
     (436 MB reserved against 256 MiB) when this kept the largest arena made so far in the
     process, and an earlier test's larger arena, long freed and handed back by the test's
-    own empty_cache, hid that the next product's arena fit no cached block."""
+    own empty_cache, hid that the next product's arena fit no cached block. What may be
+    remembered is the last arena's own release (SKIP_SNAPSHOT): if since then the
+    allocator has made no allocation and reserved and allocated bytes are as they were,
+    that arena's freed block (merged with any freed neighbours) is still whole, and an
+    arena no larger fits it. Anything else asks the snapshot."""
     with _lock:
+        last = _FREED.pop(_index(device), None)
+        if (SKIP_SNAPSHOT and last is not None and nbytes <= last[0]
+                and _counts(device) == last[1]):
+            return
         cached = cached_unused_bytes(device)
         if cached > 0 and largest_free_block(device) < nbytes:
             # Empties every unused cached block of the process, not only old arenas: they
@@ -55,51 +87,23 @@ def _make_room(device: torch.device, nbytes: int) -> None:
             torch.cuda.empty_cache()
 
 
-# Whether the rule above is checked before the arena is made, by a snapshot of the
-# allocator's segments (True: the rule until session 27), or after (`_alone`): the snapshot
-# took 0.2 ms of a product's host time before its first copy (host-setup-h200*.json), and
-# a product that reuses its predecessor's freed arena needs none.
-ROOM_BY_SNAPSHOT = False
-
-
-def _reserved(device: torch.device) -> tuple[int, int]:
-    """(reserved, reserved but unused) bytes of the caching allocator on `device`."""
-    st = torch.cuda.memory.memory_stats_as_nested_dict(device)
-    if not st:
-        return 0, 0
-    reserved = st["reserved_bytes"]["all"]["current"]
-    return reserved, reserved - st["allocated_bytes"]["all"]["current"]
-
-
-def _alone(device: torch.device, alloc):
-    """alloc() (a new CUDA tensor), made again after the allocator's cache is handed back
-    when it took a new segment although the cache held freed blocks (none of which held
-    it): the rule of _make_room, checked afterwards at the cost of two reads of the
-    allocator's counts."""
-    with _lock:
-        reserved, unused = _reserved(device)
-        t = alloc()
-        if unused > 0 and _reserved(device)[0] > reserved:
-            del t
-            torch.cuda.empty_cache()   # the new segment and the cached blocks beside it
-            t = alloc()
-        return t
-
-
 class Arena:
     """`nbytes` on `device` (uninitialized), handed out front to back by take()."""
 
     def __init__(self, device: torch.device, nbytes: int):
-        def alloc():
-            return torch.empty(max(nbytes, 1), dtype=torch.uint8, device=device)
-        if device.type != "cuda":
-            self.buf = alloc()
-        elif ROOM_BY_SNAPSHOT:
+        if device.type == "cuda":
             _make_room(device, nbytes)
-            self.buf = alloc()
-        else:
-            self.buf = _alone(device, alloc)
+        self.buf = torch.empty(max(nbytes, 1), dtype=torch.uint8, device=device)
         self.used = 0
+
+    def release(self) -> None:
+        """Drop the arena (every view of it must be gone, or its memory stays allocated)
+        and, on a GPU, note the allocator's counts for the next arena's _make_room."""
+        device, nbytes = self.buf.device, self.buf.numel()
+        self.buf = None
+        if device.type == "cuda" and SKIP_SNAPSHOT:
+            with _lock:
+                _FREED[_index(device)] = (nbytes, _counts(device))
 
     @staticmethod
     def for_plan(device: torch.device, plan) -> "Arena":

@@ -17,7 +17,7 @@ import torch
 
 from ..memory import PinnedPool
 from ..transfer import Lanes, host_wait
-from .cudacopy import copy2d, copy_host_region
+from .cudacopy import copy2d
 from .hostmat import HostMatrix
 
 _POOL: PinnedPool | None = None
@@ -48,13 +48,6 @@ def _enqueue(dst: torch.Tensor, src: torch.Tensor, stream) -> None:
         dst.copy_(src, non_blocking=True)
 
 
-# Whether a region of a pinned, row-major host matrix is copied by address on a named
-# stream (cudacopy.copy_host_region) rather than as a torch view by copy_ or copy2d inside
-# a stream context (False: that, the rule until session 27, for bench A/Bs). It takes the
-# host thread's view and stream switch out of every copy in and out.
-RAW_COPIES = True
-
-
 class Copier:
     """Copies for one device worker; counts bytes in `stats` (a DeviceStats)."""
 
@@ -64,17 +57,6 @@ class Copier:
         self.pool = staging_pool() if lanes.cuda else None
         self.stage_numel = stage_numel
         self._writer: _Writer | None = None
-        self._handles = None   # (h2d, d2h) CUDA stream handles, at the first copy by address
-
-    def _raw(self, dev: torch.Tensor, host: HostMatrix, region, to_device: bool) -> bool:
-        """dev <-> host[region] by address (RAW_COPIES), if host allows it; else False."""
-        if not (RAW_COPIES and host.pinned and host.rowmajor):
-            return False
-        if self._handles is None:
-            self._handles = (self.lanes.h2d.cuda_stream, self.lanes.d2h.cuda_stream)
-        r0, _, c0, _ = region
-        return copy_host_region(dev, host.address(r0, c0), host.pitch, to_device,
-                                self._handles[0 if to_device else 1])
 
     def _staging(self, shape, dtype) -> tuple[torch.Tensor, torch.Tensor]:
         n = shape[0] * shape[1]
@@ -87,8 +69,6 @@ class Copier:
         self.stats.h2d_bytes += dst.numel() * dst.element_size()
         if not L.cuda:
             host.read_into(region, dst)
-            return
-        if dst.dtype == host.dtype and self._raw(dst, host, region, True):
             return
         with L.on(L.h2d):
             src = host.direct(*region)
@@ -109,10 +89,6 @@ class Copier:
         if not L.cuda:
             host.write_from(region, src)
             return None
-        if src.dtype == host.dtype:
-            L.wait(L.d2h, ready)   # stream wait: the tile is final before it is copied out
-            if self._raw(src, host, region, False):
-                return L.event(L.d2h)
         with L.on(L.d2h):
             L.wait(L.d2h, ready)   # stream wait: the tile is final before it is copied out
             dst = host.direct(*region)

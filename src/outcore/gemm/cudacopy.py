@@ -118,71 +118,38 @@ def _run(call, dst: torch.Tensor, src: torch.Tensor, kind: int, stream) -> int:
     return call(d[0], d[1], s[0], s[1], s[2], s[3], kind, stream.cuda_stream)
 
 
-def _impl_for(device: torch.device):
-    """The probed 2-D copy call (False where none works), probing on `device` first."""
-    global _impl
-    if _impl is None:
-        with _lock:
-            if _impl is None:
-                found = False
-                for make in (_runtime, _driver):
-                    try:
-                        call = make()
-                    except (OSError, AttributeError):
-                        call = None
-                    if call is not None and _probe(call, device):
-                        found = call
-                        break
-                _impl = found
-    return _impl
-
-
-def _check(rc: int) -> None:
-    if rc != 0:
-        clear_cuda_error()
-        raise RuntimeError(f"2-D copy failed with CUDA error {rc}")
-
-
 def copy2d(dst: torch.Tensor, src: torch.Tensor, stream) -> bool:
     """Enqueue dst <- src on `stream` (one of them pinned host, the other on the device).
 
     Both 2-D, same shape and dtype, unit inner stride. Returns False (nothing enqueued)
     when that is not possible here; the caller then stages.
     """
+    global _impl
     if src.dtype != dst.dtype or src.shape != dst.shape or src.numel() == 0:
         return False
     if _geometry(dst) is None or _geometry(src) is None:
         return False
-    impl = _impl_for(dst.device if dst.is_cuda else src.device)
-    if impl is False:
+    if _impl is None:
+        with _lock:
+            if _impl is None:
+                found = False
+                dev = dst.device if dst.is_cuda else src.device
+                for make in (_runtime, _driver):
+                    try:
+                        call = make()
+                    except (OSError, AttributeError):
+                        call = None
+                    if call is not None and _probe(call, dev):
+                        found = call
+                        break
+                _impl = found
+    if _impl is False:
         return False
-    _check(_run(impl, dst, src, _H2D if dst.is_cuda else _D2H, stream))
-    return True
-
-
-def copy_host_region(dev: torch.Tensor, host_ptr: int, host_pitch: int, to_device: bool,
-                     stream_handle: int) -> bool:
-    """Enqueue dev <-> the host region of dev's shape at host_ptr (rows host_pitch bytes
-    apart, pinned) on the stream whose handle is given: to the device or from it.
-
-    The gemm copier's direct path: the host side is pointer arithmetic on its matrix, and
-    the stream is named in the call, so the host thread neither builds a view nor makes a
-    stream current (torch's copy_ in a stream context cost about 30 us of host time a
-    copy, where the H200 moves a 16 MiB strip in 0.3 ms). False (nothing enqueued) where
-    the 2-D copy is unavailable or dev has no pitch."""
-    g = _geometry(dev)
-    if g is None or dev.numel() == 0:
-        return False
-    impl = _impl_for(dev.device)
-    if impl is False:
-        return False
-    ptr, pitch, width, rows = g
-    host_pitch = max(host_pitch, width) if rows == 1 else host_pitch
-    if to_device:
-        rc = impl(ptr, pitch, host_ptr, host_pitch, width, rows, _H2D, stream_handle)
-    else:
-        rc = impl(host_ptr, host_pitch, ptr, pitch, width, rows, _D2H, stream_handle)
-    _check(rc)
+    kind = _H2D if dst.is_cuda else _D2H
+    rc = _run(_impl, dst, src, kind, stream)
+    if rc != 0:
+        clear_cuda_error()
+        raise RuntimeError(f"2-D copy failed with CUDA error {rc}")
     return True
 
 

@@ -57,9 +57,6 @@ class HostMatrix:
         self.pinned = bool(self.t is not None and self.t.numel() and _cuda_ok()
                            and self.t.is_pinned())
         self.rowmajor = self.t is not None and (self.shape[1] <= 1 or self.t.stride(1) == 1)
-        # S's first element and row pitch in bytes, for copies by pointer (copies.py)
-        self.ptr = self.t.data_ptr() if self.t is not None else 0
-        self.pitch = self.t.stride(0) * self.t.element_size() if self.t is not None else 0
 
     @property
     def itemsize(self) -> int:
@@ -79,10 +76,6 @@ class HostMatrix:
     def view(self, r0: int, r1: int, c0: int, c1: int) -> torch.Tensor | None:
         """S[r0:r1, c0:c1] as a torch view, or None (numpy-only matrix)."""
         return None if self.t is None else self.t[r0:r1, c0:c1]
-
-    def address(self, r0: int, c0: int) -> int:
-        """The host address of S[r0, c0] (a pinned, row-major S: what `direct` copies)."""
-        return self.ptr + r0 * self.pitch + c0 * self.t.element_size()
 
     def direct(self, r0: int, r1: int, c0: int, c1: int) -> torch.Tensor | None:
         """The region if a DMA engine can copy it as it lies (pinned, unit inner stride)."""

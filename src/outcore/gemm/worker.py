@@ -142,6 +142,8 @@ class DeviceWorker(BlockLoads):
         and the next product's arena would be made beside it)."""
         self.cache = None
         self.accs, self.cbufs, self.landing = [], [], []
+        if getattr(self, "arena", None) is not None:
+            self.arena.release()
         self.arena = None
 
     def _setup(self) -> None:
