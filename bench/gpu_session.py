@@ -445,6 +445,10 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
                          "NT-t16384-f16384", "NN-t16384-f16384", "NN-t32768-f8192",
                          "NT-t65536-f8192")] + ["fp32-16384"]),
                  (90, ["env", "HOST_SETUP_TAG=s27"] + PY + [B + "diag/host_setup.py"])],
+    # nvidia-h200 (session 27): the first fp32 product of a fresh process (host_setup.py's
+    # stopped with "invalid argument" at its first copy out in s27-host), by the CLI and
+    # by matmul, in variants that tell cuBLASLt's kernel, the order and the size apart
+    "s27-fresh": [(500, PY + [B + "diag/fresh_fp32.py"])],
     # nvidia-h200 (written in session 25): tf32x3's error on Gram matrices by BIG_CHUNK
     "s26-gram": [(120, PY + [B + "diag/x3_gram.py"])],
     # nvidia-h200 (session 22): 3b-16k outcore alone, 8 measured steps each: the balance
