@@ -449,6 +449,11 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
     # stopped with "invalid argument" at its first copy out in s27-host), by the CLI and
     # by matmul, in variants that tell cuBLASLt's kernel, the order and the size apart
     "s27-fresh": [(500, PY + [B + "diag/fresh_fp32.py"])],
+    # nvidia-h200 (session 27): host_setup.py's failure (fresh_fp32.py's first products
+    # all ran) with session 27's host rules, without them, and with launches blocking
+    "s27-hostsetup": [(60, ["env", f"HOST_SETUP_TAG=s27{tag}"] + env + PY + [
+        B + "diag/host_setup.py"]) for tag, env in (("-new", []), ("-old", ["HOST_SETUP_OLD=1"]),
+                                                    ("-blocking", ["CUDA_LAUNCH_BLOCKING=1"]))],
     # nvidia-h200 (written in session 25): tf32x3's error on Gram matrices by BIG_CHUNK
     "s26-gram": [(120, PY + [B + "diag/x3_gram.py"])],
     # nvidia-h200 (session 22): 3b-16k outcore alone, 8 measured steps each: the balance

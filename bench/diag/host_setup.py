@@ -8,7 +8,8 @@ features) and in fp32-16384's head. This times, for fp32-16384 and the bf16 NN s
 16384 tokens and 8192 features (pinned host matrices, after a warm-up): each product's
 ready_s over RUNS runs; the host functions of one product by cProfile (top by own time);
 and the arena's `largest_free_block` (a memory snapshot) alone. Writes
-bench/results/host-setup-<machine>.json, a table last.
+bench/results/host-setup-<machine>.json, a table last. HOST_SETUP_OLD=1 runs the host rules
+before session 27 (new streams each product, the arena's snapshot every product).
 """
 
 from __future__ import annotations
@@ -26,10 +27,12 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 import common  # noqa: E402
 from gemm import host_matrices, square_cases, train_cases  # noqa: E402
 
-from outcore.gemm import matmul  # noqa: E402
+from outcore.gemm import arena, matmul, worker  # noqa: E402
 from outcore.gemm.arena import largest_free_block  # noqa: E402
 
 RUNS = 7
+if os.environ.get("HOST_SETUP_OLD"):   # the host rules before session 27
+    worker.REUSE_STREAMS = arena.SKIP_SNAPSHOT = False
 CASES = ("fp32-16384", "train-NN-t16384-f8192-bf16")
 
 
