@@ -8,7 +8,7 @@ compute=C overrides the case's arithmetic, x3chunk=N sets split.BIG_CHUNK (tf32x
 of one call of its large term) for that variant's runs, and x3fit=EDGE:DEPTH:PEAK plans
 with tf32x3's kernel fit (model.KERNEL_FIT, Rates.flops) set so (each plan searched once,
 before the timed runs, like the planner's own cache), and set=MODULE.NAME=VALUE sets
-outcore.gemm.MODULE.NAME for that variant's runs (set=copies.RAW_COPIES=0). Each row has
+outcore.gemm.MODULE.NAME for that variant's runs (set=worker.REUSE_STREAMS=0). Each row has
 the host's median time before the first copy and after the device's end (ready_ms,
 after_ms: GemmStats.phases).
 
@@ -59,7 +59,7 @@ SMOKE = False          # True: the bench's smoke cases on the CPU (a dry run of 
 
 def parse(variant: str) -> tuple[dict, int | None, tuple | None, dict]:
     """matmul keywords, the BIG_CHUNK and the tf32x3 fit (None: the defaults) of a variant,
-    and the module settings it makes ({"copies.RAW_COPIES": 0, ...})."""
+    and the module settings it makes ({"worker.REUSE_STREAMS": 0, ...})."""
     kw: dict = {}
     chunk = fit = None
     sets: dict = {}
@@ -81,7 +81,7 @@ def parse(variant: str) -> tuple[dict, int | None, tuple | None, dict]:
 @contextlib.contextmanager
 def settings(sets: dict):
     """outcore.gemm's module attributes set to `sets`' values for the enclosed runs
-    ("copies.RAW_COPIES" is outcore.gemm.copies.RAW_COPIES), restored after."""
+    ("worker.REUSE_STREAMS" is outcore.gemm.worker.REUSE_STREAMS), restored after."""
     mods = {n: importlib.import_module("outcore.gemm." + n.rsplit(".", 1)[0]) for n in sets}
     old = {n: getattr(mods[n], n.rsplit(".", 1)[1]) for n in sets}
     for n, v in sets.items():

@@ -59,9 +59,10 @@ def test_every_buffer_of_a_product_is_a_view_of_the_arena(monkeypatch):
 
 
 def test_an_arena_no_cached_block_holds_empties_the_cache_first(monkeypatch):
-    """The rule of _make_room (arena.ROOM_BY_SNAPSHOT), with the allocator faked: an arena that a freed cached block
-    holds reuses it; one that none holds empties the cache first, when something is
-    cached; what earlier products made does not matter (an empty_cache by someone else)."""
+    """The rule of _make_room by the snapshot (no last arena to go by), with the allocator
+    faked: an arena that a freed cached block holds reuses it; one that none holds empties
+    the cache first, when something is cached; what earlier products made does not matter
+    (an empty_cache by someone else)."""
     calls = []
     state = {"reserved": 0, "allocated": 0, "free": []}
     monkeypatch.setattr(arena_mod, "_FREED", {})      # no last arena: every call asks
