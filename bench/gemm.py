@@ -587,6 +587,7 @@ def main() -> int:
                                          (x.split(":") for x in args.d2h_table.split(",")))
     import outcore.gemm.loads as loads_mod
     import outcore.gemm.worker as worker_mod
+    import outcore.gemm.arena as arena_mod
     if args.eager_pieces:
         loads_mod.LAZY_PIECES = False
     if args.torch_stream_ctx:
@@ -666,6 +667,7 @@ def main() -> int:
         "d2h_row_factor": [list(x) for x in model_mod.D2H_ROW_FACTOR],
         "x3_big_chunk": split_mod.BIG_CHUNK, "lazy_pieces": loads_mod.LAZY_PIECES,
         "light_stream_ctx": worker_mod.LIGHT_STREAM_CTX,
+        "reuse_streams": worker_mod.REUSE_STREAMS, "skip_snapshot": arena_mod.SKIP_SNAPSHOT,
         "forced_tile": list(FORCED_TILE) if FORCED_TILE else None,
         "elapsed_s": time.perf_counter() - t_start, "dropped": dropped,
         "notes": ["host matrices are float32 and pinned (cudaHostRegister) in every case; "
