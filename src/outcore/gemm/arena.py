@@ -17,7 +17,7 @@ import threading
 
 import torch
 
-from ..memory import cached_unused_bytes
+from ..memory import cached_unused_bytes, cuda_index as _index
 
 ALIGN = 512   # bytes: every view starts on a boundary cuBLAS and the copy engines like
 
@@ -28,7 +28,7 @@ def largest_free_block(device: torch.device) -> int:
     """Bytes of the largest block the caching allocator holds freed on `device`: the
     largest allocation it can serve without a new segment (a snapshot of its segments,
     taken once per product)."""
-    index = device.index if device.index is not None else torch.cuda.current_device()
+    index = _index(device)
     best = 0
     for seg in torch.cuda.memory_snapshot():
         if seg.get("device") != index:
@@ -57,10 +57,6 @@ _FREED: dict = {}
 # every product, the rule until session 27). The snapshot took 0.2 ms of each product's
 # host time before its first copy (host-setup-h200*.json), 1% of an 18 ms bf16 product.
 SKIP_SNAPSHOT = True
-
-
-def _index(device: torch.device) -> int:
-    return device.index if device.index is not None else torch.cuda.current_device()
 
 
 def _make_room(device: torch.device, nbytes: int) -> None:

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..memory import cuda_index
 from .cudacopy import _loaded_lib
 
 ENABLED = os.environ.get("OUTCORE_GEMM_LT", "1") != "0"
@@ -169,7 +170,7 @@ _PER_DEVICE: dict[int, _Lt | None] = {}
 
 def _lt_for(device: torch.device) -> _Lt | None:
     """This device's cuBLASLt state, or None where cuBLASLt is not to be used on it."""
-    idx = device.index if device.index is not None else torch.cuda.current_device()
+    idx = cuda_index(device)
     with _LOCK:
         if idx not in _PER_DEVICE:
             lt = None

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..memory import cuda_index
 from ..transfer import Lanes, host_wait
 from .arena import Arena
 from .cache import BlockCache
@@ -97,7 +98,7 @@ _STREAMS_LOCK = threading.Lock()
 
 def _device_streams(device: torch.device) -> tuple:
     """This process's (h2d, d2h, conversion) streams of CUDA `device`."""
-    index = device.index if device.index is not None else torch.cuda.current_device()
+    index = cuda_index(device)
     with _STREAMS_LOCK:
         if index not in _STREAMS:
             _STREAMS[index] = tuple(torch.cuda.Stream(index) for _ in range(3))

@@ -12,6 +12,11 @@ from __future__ import annotations
 import torch
 
 
+def cuda_index(device: torch.device) -> int:
+    """The index of CUDA `device` ("cuda" alone: the current device's)."""
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
 def cached_unused_bytes(device: torch.device) -> int:
     """Bytes the caching allocator holds reserved on `device` but not allocated (0 before
     it has allocated anything)."""
