@@ -95,6 +95,7 @@ class Env:
     incore: dict = field(default_factory=dict)
     with_cpu: bool = False            # fp32 square cases: also the GPU with the CPU's band
     tf32x3: bool = True               # fp32 cases: also the row outcore-tf32x3
+    strassen: bool = True             # fp32 cases: also the row outcore-strassen
     keep: set | None = None           # --cases: the case names to run (None: all)
 
     def left(self) -> float:
@@ -279,7 +280,7 @@ def run_outcore(env: Env, c: Case, devices, check: bool = True,
 
 # Entries of C checked against float64 dot products: more in the fp32 and tf32x3 rows, whose
 # errors (outcore fp32 and tf32x3, cuBLASXt) the results compare
-CHECKED = {"fp32": 256, "tf32x3": 256}
+CHECKED = {"fp32": 256, "tf32x3": 256, "strassen": 256}
 
 
 def check_row(A, B, C, c: Case) -> dict:
@@ -401,6 +402,10 @@ def one_gpu(env: Env, rows: list, dropped: list, train: bool, bar) -> None:
                     est / 4)
             guarded(rows, lambda: run_outcore(env, x3, [dev], system="outcore-tf32x3"), x3,
                     "outcore-tf32x3", env, est / 2)
+        if env.strassen and c.compute == "fp32":
+            sc = replace(c, compute="strassen")
+            guarded(rows, lambda: run_outcore(env, sc, [dev], system="outcore-strassen"), sc,
+                    "outcore-strassen", env, est)
         if env.with_cpu and c in cases and c.compute in ("fp32", "fp64"):
             host = [dev, torch.device("cpu")]
             guarded(rows, lambda: run_outcore(env, c, host, system="outcore+cpu"), c,
@@ -518,6 +523,9 @@ def main() -> int:
     ap.add_argument("--no-tf32x3", action="store_true", help="one GPU, fp32 cases: skip "
                     "the rows outcore-tf32x3 and torch-incore-tf32x3 (compute=\"tf32x3\": "
                     "three TF32 GEMMs of split operands, outcore.gemm.split)")
+    ap.add_argument("--no-strassen", action="store_true", help="one GPU, fp32 cases: skip "
+                    "the row outcore-strassen (compute=\"strassen\": one Strassen-Winograd "
+                    "level in fp32 arithmetic, outcore.gemm.strassen)")
     ap.add_argument("--x3-chunk", type=int, help="K of one GEMM call of tf32x3's large "
                     "term (outcore.gemm.split.BIG_CHUNK; 0: all of it)")
     ap.add_argument("--a-rows", help="comma-separated computes whose plans may copy A's "
@@ -607,7 +615,7 @@ def main() -> int:
     devices = [torch.device("cpu")] * max(2, args.gpus or 2) if args.smoke else \
         [torch.device("cuda", i) for i in range(n_gpu)]
     env = Env(args.smoke, args.runs, t_start + args.budget_s, devices, with_cpu=args.with_cpu,
-              tf32x3=not args.no_tf32x3)
+              tf32x3=not args.no_tf32x3, strassen=not args.no_strassen)
     gpus = [torch.cuda.get_device_name(d) for d in devices] if n_gpu else ["cpu"]
     slug = "h200" if "H200" in gpus[0] else gpus[0].lower().replace(" ", "-")
     machine = "cpu-smoke" if args.smoke else f"nvidia-{slug}" + (f"-x{n_gpu}" if n_gpu >= 2
@@ -691,7 +699,7 @@ def print_table(rows: list) -> None:
     for r in rows:
         by.setdefault(r["case"], {})[r["system"]] = r
     systems = ["outcore", "cublasxt", "torch-incore", "bound"]
-    for extra in ("outcore-tf32x3", "outcore+cpu"):
+    for extra in ("outcore-strassen", "outcore-tf32x3", "outcore+cpu"):
         if any(r["system"] == extra for r in rows):
             systems.insert(1, extra)
     print(f"\n{'case':34s}" + "".join(f"{s:>14s}" for s in systems) + f"{'out/bound':>11s}"
@@ -702,16 +710,23 @@ def print_table(rows: list) -> None:
         ratio = lambda a, b: f"{a / b:.2f}" if a is not None and b else "-"
         print(f"{case:34s}{cells}{ratio(vals['outcore'], vals['bound']):>11s}"
               f"{ratio(vals['outcore'], vals['cublasxt']):>8s}")
-    x3 = [r for r in rows if r["system"] == "outcore-tf32x3" and r.get("tflops")]
+    print_errors(by, rows)
+
+
+def print_errors(by: dict, rows: list) -> None:
+    """Per fp32 case: the opt-in computes' speed against cuBLASXt and every row's error."""
+    x3 = [r for r in rows if r["system"] in ("outcore-tf32x3", "outcore-strassen")
+          and r.get("tflops")]
     if x3:
-        print(f"\n{'case':34s}{'x3 in-core':>11s}{'x3/xt':>7s}  largest error / sum|a||b| "
-              "over the same entries: outcore fp32, outcore-tf32x3, cublasxt")
+        print(f"\n{'case':34s}{'x3 in-core':>11s}{'vs xt':>7s}  largest error / sum|a||b| "
+              "over the same entries: outcore fp32, tf32x3, strassen, cublasxt")
         for r in x3:
             got = by[r["case"]]
             xt, inc = got.get("cublasxt", {}), got.get("torch-incore-tf32x3", {})
             errs = [got.get(s, {}).get("check_rel_error") for s in
-                    ("outcore", "outcore-tf32x3", "cublasxt")]
-            print(f"{r['case']:34s}" + (f"{inc['tflops']:11.2f}" if inc.get("tflops")
+                    ("outcore", "outcore-tf32x3", "outcore-strassen", "cublasxt")]
+            print(f"{r['case'] + ' ' + r['system'][8:]:34s}"
+                  + (f"{inc['tflops']:11.2f}" if inc.get("tflops") and "x3" in r["system"]
                                         else f"{'-':>11s}")
                   + (f"{r['tflops'] / xt['tflops']:7.2f}" if xt.get("tflops") else f"{'-':>7s}")
                   + "  " + "  ".join(f"{e:.2e}" if e is not None else "-" for e in errs))

@@ -454,6 +454,16 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
     "s27-hostsetup": [(60, ["env", f"HOST_SETUP_TAG=s27{tag}"] + env + PY + [
         B + "diag/host_setup.py"]) for tag, env in (("-new", []), ("-old", ["HOST_SETUP_OLD=1"]),
                                                     ("-blocking", ["CUDA_LAUNCH_BLOCKING=1"]))],
+    # nvidia-h200 (session 28): compute="strassen" (one Strassen-Winograd level in fp32
+    # arithmetic, gemm/strassen.py): its GPU tests, then beside outcore's fp32 path,
+    # cuBLASXt and in-core torch on the square fp32 cases and three training shapes
+    "s28-strassen": [(120, PY + ["-m", "pytest", "-q", "-p", "no:warnings",
+                                 "tests/gemm/test_gemm_gpu.py", "-k", "strassen"]),
+                     (420, PY + [B + "gemm.py", "--cases", ",".join([
+                         "fp32-16384", "fp32-32768", "train-NN-t16384-f8192-fp32",
+                         "train-TN-t16384-f16384-fp32", "train-NT-t65536-f16384-fp32"]),
+                         "--no-tf32x3", "--runs", "5", "--budget-s", "380",
+                         "--out", "gemm-h200-s28-strassen"])],
     # nvidia-h200 (written in session 25): tf32x3's error on Gram matrices by BIG_CHUNK
     "s26-gram": [(120, PY + [B + "diag/x3_gram.py"])],
     # nvidia-h200 (session 22): 3b-16k outcore alone, 8 measured steps each: the balance

@@ -349,3 +349,40 @@ def test_two_threads_share_a_devices_kept_streams():
         t.join()
     for (A, B, _), out in zip(runs, outs):
         check_close(out, A.double().numpy(), B.double().numpy(), None, 1.0, 0.0, "fp32")
+
+
+@pytest.mark.parametrize("ta,tb,pinned", [(False, False, True), (True, False, False),
+                                          (False, True, True), (True, True, False)])
+def test_strassen_on_the_gpu_is_near_the_fp32_gemms_error(ta, tb, pinned):
+    """compute="strassen" on the GPU (odd sizes, transposes, pinned and pageable, alpha and
+    beta): its largest error against float64 within a few times that of cuBLAS's fp32 GEMM
+    of the whole product (one level: about 2-3x); with a budget that cuts it into
+    super-tiles and K blocks, the same within the budget's reserved peak."""
+    g = torch.Generator().manual_seed(11)
+    m, n, k = 3001, 2047, 2561
+    A = torch.rand(*((k, m) if ta else (m, k)), generator=g) * 2 - 1
+    B = torch.rand(*((n, k) if tb else (k, n)), generator=g) * 2 - 1
+    C0 = torch.rand(m, n, generator=g) * 2 - 1
+    if pinned:
+        A, B = pin_(A), pin_(B)
+        _PINNED.extend((A, B))
+    a, b = A.cuda(), B.cuda()
+    oa, ob = (a.t() if ta else a), (b.t() if tb else b)
+    ref = 0.5 * (oa.double() @ ob.double()) + 2.0 * C0.cuda().double()
+    torch.backends.cuda.matmul.allow_tf32 = False
+    sgemm = (0.5 * (oa @ ob) + 2.0 * C0.cuda()).double()
+    worst = (sgemm - ref).abs().max().item()
+    for budget, pieces in ((None, 1), (48 << 20, 2)):
+        C = C0.clone()
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_reserved()
+        _, st = matmul(A, B, C, transa=ta, transb=tb, alpha=0.5, beta=2.0, devices=0,
+                       compute="strassen", gpu_memory=budget, return_stats=True)
+        torch.cuda.synchronize()
+        if budget is not None:
+            assert torch.cuda.max_memory_reserved() - base <= budget
+        assert st.devices[0].tiles >= pieces and st.plan.startswith("strassen"), st.plan
+        err = (C.cuda().double() - ref).abs().max().item()
+        assert err <= 6 * worst, (err, worst, st.plan)

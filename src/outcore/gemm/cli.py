@@ -25,7 +25,8 @@ from .computes import COMPUTE
 
 _DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
 # allowed error, relative to sum_k |alpha a_ik b_kj| + |beta c_ij|
-TOLERANCE = {"fp64": 1e-10, "fp32": 1e-4, "tf32": 4e-3, "tf32x3": 1e-4, "bf16": 2e-2}
+TOLERANCE = {"fp64": 1e-10, "fp32": 1e-4, "tf32": 4e-3, "tf32x3": 1e-4, "bf16": 2e-2,
+             "strassen": 1e-4}
 
 
 def register(sub) -> None:

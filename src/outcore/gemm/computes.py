@@ -11,7 +11,11 @@ COMPUTE = {
     "tf32": (torch.float32, torch.float32),
     "tf32x3": (torch.float32, torch.float32),
     "bf16": (torch.bfloat16, torch.float32),
+    # one Strassen-Winograd level in the host dtype's own arithmetic (strassen.py; float32
+    # shown, float64 data runs in float64): not the tiled path, not its plan
+    "strassen": (torch.float32, torch.float32),
 }
+STRASSEN = "strassen"
 # Computes whose cached blocks are each held as two parts, hi + lo (split.py): the cache
 # takes twice the compute dtype's bytes per element.
 SPLIT_COMPUTES = ("tf32x3",)

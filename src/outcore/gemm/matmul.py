@@ -23,11 +23,14 @@ from tqdm import tqdm
 
 from ..errors import OutcoreError
 from ..units import fmt_bytes, parse_bytes
+from .computes import STRASSEN
 from .band import BAND_COMPUTES, MIN_ROWS, Band, band_rows, band_threads, cpu_rate
 from .hostmat import HostMatrix
 from .plan import make_plan
 from .schedule import TileQueue, run_workers
 from .stats import DeviceStats, GemmStats
+from .strassen import make_strassen_plan
+from .strassen_worker import StrassenWorker
 from .validate import (check_matrix, check_out, dtype_of, op_shape, resolve_budget,
                        resolve_compute, resolve_devices)
 from .worker import DeviceWorker, GemmJob
@@ -84,12 +87,15 @@ def matmul(A, B, out=None, *, transa: bool = False, transb: bool = False, alpha:
     A: M x K (K x M if transa), B: K x N (N x K if transb), out: M x N; all host matrices
     of one dtype (float32, float64; bfloat16 for torch tensors), any strides.
     out=None: a new matrix of A's kind (torch tensor or numpy array); beta must then be 0.
-    compute: "fp64", "fp32", "tf32", "tf32x3" or "bf16" (default: the dtype's own); tiles
+    compute: "fp64", "fp32", "tf32", "tf32x3", "bf16" or "strassen" (default: the dtype's
+        own); tiles
         are converted on the device, bf16 and tf32 accumulate in fp32 (a CPU worker runs
         tf32 as fp32, and bf16 as bf16 values multiplied in fp32). "tf32x3": fp32 data in
         three TF32 GEMMs of operands split into high and low parts (split.py): on the
         H200 1.1-1.8x the fp32 path's speed, at most its error on sums of mixed signs (0.2-
         0.7x in session 26's record), but about 3x it on sums of one sign (a Gram matrix).
+        "strassen": float32 or float64 data in its own arithmetic, one Strassen-Winograd
+        level (7 GEMMs of 8, strassen.py): a norm-wise error bound, not the classical one.
     devices: None (every GPU, or the CPU when there is none), "cpu", 0, "cuda:1", "0,1"
         or a list; each is a worker pulling tiles from one queue. The CPU listed beside
         GPUs ("0,cpu") instead multiplies a band of C's last rows on the host, sized by
@@ -139,6 +145,9 @@ def matmul(A, B, out=None, *, transa: bool = False, transb: bool = False, alpha:
     kw = dict(host_dtype=dtype, compute=compute, budget=budget, tile=tile,
               device_type="cuda" if gpus else "cpu", layout=(ta, tb))
     t_plan = time.perf_counter()
+    if compute == STRASSEN:
+        return _strassen(ha, hb, hc, ta, tb, alpha, beta, (m, n, k), workers, budget, stats,
+                         progress, out, tile, helper, return_stats)
     try:
         whole = GemmJob(make_plan(m, n, k, n_devices=len(workers), **kw), ha, hb, hc,
                         ta=ta, tb=tb, alpha=alpha, beta=beta)
@@ -166,6 +175,29 @@ def matmul(A, B, out=None, *, transa: bool = False, transb: bool = False, alpha:
     if isinstance(out, np.memmap):
         out.flush()
     stats.wall_s = time.perf_counter() - t0
+    return (out, stats) if return_stats else out
+
+
+def _strassen(ha, hb, hc, ta, tb, alpha, beta, mnk, workers, budget, stats, progress, out,
+              tile, helper, return_stats):
+    """matmul's compute="strassen" (strassen.py): the GPUs (or the CPU) run super-tiles."""
+    if ha.dtype not in (torch.float32, torch.float64):
+        raise OutcoreError(f"compute='strassen' multiplies float32 or float64 matrices, not "
+                           f"{ha.dtype}: use compute='bf16' for bfloat16 data")
+    if tile is not None:
+        raise OutcoreError("tile= does not apply to compute='strassen' (its super-tiles "
+                           "follow gpu_memory): drop tile=")
+    m, n, k = mnk
+    t_plan = time.perf_counter()
+    plan = make_strassen_plan(m, n, k, ha.itemsize, budget, len(workers), beta == 0)
+    stats.plan_s = time.perf_counter() - t_plan
+    stats.plan = plan.describe() + ("; the CPU sits out (not under strassen)" if helper
+                                    else "")
+    execute(GemmJob(plan, ha, hb, hc, ta=ta, tb=tb, alpha=alpha, beta=beta), workers, stats,
+            progress, worker_cls=StrassenWorker)
+    if isinstance(out, np.memmap):
+        out.flush()
+    stats.wall_s = time.perf_counter() - stats.t_start
     return (out, stats) if return_stats else out
 
 

@@ -1,0 +1,281 @@
+"""One device's side of compute="strassen" (strassen.py): per super-tile and K block, load
+the quadrants of op(A) and op(B), run Winograd's seven GEMMs, copy C's quadrants out as
+each is final.
+
+Streams as in worker.py: h2d copies quadrants in pieces (events per piece), compute waits
+for what each step reads, d2h copies finished quadrants out. Each operand buffer records
+the compute event after its last reader in a block, and the next block's copy into it
+waits for just that event, so the next block's first quadrants land while this block's
+last GEMMs run. The host thread only enqueues; it blocks only for flow control (two
+super-tiles in flight).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections import deque
+
+import torch
+
+from ..transfer import Lanes, host_wait
+from .arena import Arena
+from .copies import Copier
+from .mmacc import mm_acc
+from .strassen import STRIPS, SLACK_BUFFERS, StrassenPlan, SuperTile, half
+from .tiles import spans
+from .worker import GemmJob, LIGHT_STREAM_CTX, REUSE_STREAMS, _device_streams
+
+
+class _Quad:
+    """One operand buffer (a quadrant of op(A) or op(B), or an S or T) on the device.
+
+    flat: its arena memory; op: this block's quadrant, op order (R x C), a transposed view
+    of the storage-order buffer where the host matrix is stored transposed; events: one
+    h2d event per copy piece; free: compute event after its last reader (buffer reuse)."""
+
+    def __init__(self, flat: torch.Tensor, trans: bool):
+        self.flat, self.trans = flat, trans
+        self.op: torch.Tensor | None = None
+        self.events: list = []
+        self.free = None
+
+    def shape(self, rows: int, cols: int) -> torch.Tensor:
+        """Lay the buffer out as rows x cols (op order) for this block."""
+        n = rows * cols
+        self.op = (self.flat[:n].view(cols, rows).t() if self.trans
+                   else self.flat[:n].view(rows, cols))
+        return self.op
+
+    @property
+    def storage(self) -> torch.Tensor:
+        return self.op.t() if self.trans else self.op
+
+
+class StrassenWorker:
+    """Runs super-tiles of `job` (its plan a StrassenPlan) on `device`."""
+
+    def __init__(self, device: torch.device, job: GemmJob, stats, progress=None):
+        self.device, self.job, self.stats = device, job, stats
+        self.plan: StrassenPlan = job.plan
+        self.progress = progress or (lambda n: None)
+
+    def run(self, pull, first: int = 1) -> None:
+        cuda = self.device.type == "cuda"
+        ctx = torch.cuda.device(self.device) if cuda else contextlib.nullcontext()
+        with ctx, torch.no_grad():
+            self._setup()
+            self.stats.t_ready = time.perf_counter()
+            try:
+                inflight: deque = deque()
+                while True:
+                    if len(inflight) >= 2:
+                        # Host sync (flow control): two super-tiles queued at most, so a
+                        # faster device finds the later ones unclaimed.
+                        host_wait(inflight.popleft())
+                    tiles = pull(1)
+                    if not tiles:
+                        break
+                    inflight.append(self._tile(tiles[0]))
+                self.stats.t_issued = time.perf_counter()
+            finally:
+                if cuda:
+                    # host sync: every quadrant is in host memory before the buffers go
+                    torch.cuda.synchronize(self.device)
+                self.stats.t_synced = time.perf_counter()
+                self.copier.close()
+                self.stats.device_bytes = self.arena.used
+                self.quads = self.accs = self.work = None
+                self.arena.release()
+
+    def _setup(self) -> None:
+        p, dev, dt = self.plan, self.device, self.job.c.dtype
+        reuse = REUSE_STREAMS and dev.type == "cuda"
+        self.lanes = Lanes(dev, light=LIGHT_STREAM_CTX,
+                           copy_streams=_device_streams(dev)[:2] if reuse else None)
+        # Buffer reuse: every buffer is a view of one allocation sized by the plan.
+        self.arena = Arena(dev, p.device_bytes() + Arena.slack(SLACK_BUFFERS))
+        ta, tb = self.job.ta, self.job.tb
+        ak, bk = p.hm * p.hk, p.hk * p.hn
+        # op(A)'s quadrants keep the host's layout; S1..S4 too, so the adds run on
+        # storage-order buffers alike
+        self.quads = {q: _Quad(self.arena.take(ak, dt), ta)
+                      for q in ("a11", "a12", "a21", "a22", "s1", "s2", "s3", "s4")}
+        self.quads.update({q: _Quad(self.arena.take(bk, dt), tb)
+                           for q in ("b11", "b12", "b21", "b22", "t1", "t2", "t3", "t4")})
+        cq = p.hm * p.hn
+        self.accs = {q: self.arena.take(cq, dt) for q in ("11", "12", "21", "22")}
+        self.acc_free = dict.fromkeys(self.accs)     # d2h event: last copy out of it
+        self.work = {q: self.arena.take(cq, dt) for q in (
+            ("z", "11", "12", "21", "22") if p.accumulates else ("z",))}
+        self.copier = Copier(self.lanes, self.stats, 0)
+
+    # -- one super-tile ------------------------------------------------------------------
+    def _tile(self, t: SuperTile):
+        p, L = self.plan, self.lanes
+        hm, hn = half(t.r1 - t.r0), half(t.c1 - t.c0)
+        rows = {"1": (t.r0, t.r0 + hm), "2": (t.r0 + hm, t.r1)}
+        cols = {"1": (t.c0, t.c0 + hn), "2": (t.c0 + hn, t.c1)}
+        acc = {q: f[:hm * hn].view(hm, hn) for q, f in self.accs.items()}
+        for q in acc:
+            # Buffer reuse: the last tile's copy out of this quadrant is done.
+            L.wait(L.compute, self.acc_free[q])
+        if not p.beta_zero:
+            self._load_c(acc, rows, cols)
+        self.regions = {q: rows[q[0]] + cols[q[1]] for q in acc}
+        done = None
+        for b, kspan in enumerate(p.k_spans):
+            last = b == len(p.k_spans) - 1
+            done = self._block(t, rows, cols, kspan, acc, first=b == 0, last=last)
+        self.stats.tiles += 1
+        self.progress(1)
+        return done
+
+    def _load_c(self, acc: dict, rows: dict, cols: dict) -> None:
+        """The old C's quadrants into the accumulators (scaled by beta in _finish)."""
+        L = self.lanes
+        for q, a in acc.items():
+            (r0, r1), (c0, c1) = rows[q[0]], cols[q[1]]
+            L.wait(L.h2d, self.acc_free[q])     # buffer reuse, as in _tile, for the copy in
+            if r1 > r0 and c1 > c0:
+                self.copier.h2d(a[:r1 - r0, :c1 - c0], self.job.c, (r0, r1, c0, c1))
+        L.wait(L.compute, L.event(L.h2d))       # stream wait: the old C has landed
+
+    def _load(self, name: str, host, rspan, cspan, k_rows: bool, shape) -> None:
+        """Quadrant `name` <- op(host)[rspan, cspan] in pieces along K (op's columns for A,
+        its rows for B: k_rows); a shape larger than the region is padded with zeros."""
+        L, q = self.lanes, self.quads[name]
+        # Buffer reuse: the last block's last reader of this buffer is done.
+        L.wait(L.h2d, q.free)
+        op = q.shape(*shape)
+        nr, nc = rspan[1] - rspan[0], cspan[1] - cspan[0]
+        if nr < shape[0] or nc < shape[1]:
+            with L.on(L.h2d):
+                op[nr:, :].zero_()
+                op[:, nc:].zero_()
+        q.events = []
+        depth = shape[0] if k_rows else shape[1]
+        for p0, p1 in self.plan.pieces(depth):
+            lo, hi = p0, min(p1, nr if k_rows else nc)
+            if hi > lo:
+                if k_rows:
+                    region, dst = (rspan[0] + lo, rspan[0] + hi) + cspan, op[lo:hi, :nc]
+                else:
+                    region, dst = rspan + (cspan[0] + lo, cspan[0] + hi), op[:nr, lo:hi]
+                if q.trans:
+                    region, dst = region[2:] + region[:2], dst.t()
+                self.copier.h2d(dst, host, region)
+            q.events.append(L.event(L.h2d))
+
+    def _mm(self, acc, a, b, alpha: float = 1.0, beta: float = 0.0) -> None:
+        self.stats.lt_gemms += mm_acc(acc, a, b, alpha, beta)
+        self.stats.gemms += 1
+        self.stats.flops += 2.0 * a.shape[0] * a.shape[1] * b.shape[1]
+
+    def _mm_pieces(self, acc, qa: _Quad, qb: _Quad, beta: float) -> None:
+        """acc = qa @ qb + beta * acc, one GEMM per copy piece as the pieces land."""
+        L = self.lanes
+        for i, (p0, p1) in enumerate(self.plan.pieces(qa.op.shape[1])):
+            L.wait(L.compute, qa.events[i])    # stream wait: this piece of each has landed
+            L.wait(L.compute, qb.events[i])
+            self._mm(acc, qa.op[:, p0:p1], qb.op[p0:p1, :], 1.0, beta if i == 0 else 1.0)
+
+    def _ready(self, *names: str) -> None:
+        for n in names:
+            # stream wait: the quadrant's last piece has landed (earlier ones before it)
+            self.lanes.wait(self.lanes.compute, self.quads[n].events[-1])
+
+    def _freed(self, *names: str) -> None:
+        ev = self.lanes.event()
+        for n in names:
+            self.quads[n].free = ev
+
+    def _block(self, t: SuperTile, rows, cols, kspan, acc: dict, first: bool, last: bool):
+        """This K block's Winograd step (strassen.py's docstring) into acc (or into the work
+        buffers, added into acc quadrant by quadrant where the plan accumulates)."""
+        p, job, Q = self.plan, self.job, self.quads
+        hm, hn = half(t.r1 - t.r0), half(t.c1 - t.c0)
+        k0, k1 = kspan
+        hk = half(k1 - k0)
+        ks = {"1": (k0, k0 + hk), "2": (k0 + hk, k1)}
+        for name in ("a11", "b11", "a12", "b21", "a21", "a22", "b12", "b22"):
+            if name[0] == "a":
+                self._load(name, job.a, rows[name[1]], ks[name[2]], False, (hm, hk))
+            else:
+                self._load(name, job.b, ks[name[1]], cols[name[2]], True, (hk, hn))
+        out = acc if not p.accumulates else {
+            q: f[:hm * hn].view(hm, hn) for q, f in self.work.items() if q != "z"}
+        x, z = out["12"], self.work["z"][:hm * hn].view(hm, hn)
+        fin = _Finisher(self, acc, out, first, last)
+        ops, s = {n: Q[n].op for n in Q if n[0] in "ab"}, {}
+        self._mm_pieces(x, Q["a11"], Q["b11"], 0.0)                      # X = M1
+        self._mm_pieces(out["11"], Q["a12"], Q["b21"], 0.0)              # M2
+        out["11"].add_(x)                                                # C11 = M1 + M2
+        fin.quadrant("11")
+        self._ready("a21", "a22", "b12", "b22")
+        for n, shape in (("s1", (hm, hk)), ("s2", (hm, hk)), ("s3", (hm, hk)),
+                         ("t1", (hk, hn)), ("t2", (hk, hn)), ("t3", (hk, hn))):
+            s[n] = Q[n].shape(*shape)
+        # on storage-order buffers: contiguous adds whatever the host's layout
+        st = {n: Q[n].storage for n in Q if n[0] in "ab" or n[1] in "123"}
+        torch.add(st["a21"], st["a22"], out=st["s1"])
+        torch.sub(st["s1"], st["a11"], out=st["s2"])
+        torch.sub(st["a11"], st["a21"], out=st["s3"])
+        torch.sub(st["b12"], st["b11"], out=st["t1"])
+        torch.sub(st["b22"], st["t1"], out=st["t2"])
+        torch.sub(st["b22"], st["b12"], out=st["t3"])
+        self._freed("a11", "a21", "b11", "b12")
+        self._mm(x, s["s2"], s["t2"], 1.0, 1.0)                          # X += M6
+        out["21"].copy_(x)
+        self._mm(out["21"], s["s3"], s["t3"], 1.0, 1.0)                  # U3 = X + M7
+        self._mm(z, s["s1"], s["t1"])                                    # Z = M5
+        torch.add(out["21"], z, out=out["22"])                           # C22 = U3 + M5
+        fin.quadrant("22")
+        x.add_(z)                                                        # X += M5
+        t4 = Q["t4"].shape(hk, hn)
+        torch.sub(Q["t2"].storage, Q["b21"].storage, out=Q["t4"].storage)
+        self._freed("b21")
+        self._mm(out["21"], ops["a22"], t4, -1.0, 1.0)                     # C21 = U3 - M4
+        self._freed("a22")
+        fin.quadrant("21")
+        s4 = Q["s4"].shape(hm, hk)
+        torch.sub(Q["a12"].storage, Q["s2"].storage, out=Q["s4"].storage)
+        self._freed("a12")
+        for r0, r1 in spans(hm, -(-hm // STRIPS)):                       # C12 = X + M3
+            self._mm(x[r0:r1], s4[r0:r1], ops["b22"], 1.0, 1.0)
+            fin.quadrant("12", (r0, r1))
+        self._freed("b22")
+        return fin.done
+
+
+class _Finisher:
+    """A quadrant (or a strip of it) is final for this block: scale it into the running sum
+    where the plan accumulates, and copy it out after the last block."""
+
+    def __init__(self, w: StrassenWorker, acc: dict, out: dict, first: bool, last: bool):
+        self.w, self.acc, self.out, self.first, self.last = w, acc, out, first, last
+        self.done = None
+
+    def quadrant(self, q: str, strip: tuple | None = None) -> None:
+        w, job = self.w, self.w.job
+        r0, r1 = strip or (0, self.acc[q].shape[0])
+        a, o = self.acc[q][r0:r1], self.out[q][r0:r1]
+        if w.plan.accumulates:
+            if not self.first:
+                a.add_(o, alpha=job.alpha)
+            elif w.plan.beta_zero:
+                torch.mul(o, job.alpha, out=a)
+            else:
+                a.mul_(job.beta).add_(o, alpha=job.alpha)
+        elif job.alpha != 1.0:
+            a.mul_(job.alpha)
+        if not self.last:
+            return
+        R0, R1, C0, C1 = w.regions[q]
+        rows = min(r1, R1 - R0) - r0
+        if rows <= 0 or C1 <= C0:
+            return
+        L = w.lanes
+        self.done = L.event(L.compute)
+        region = (R0 + r0, R0 + r0 + rows, C0, C1)
+        w.acc_free[q] = w.copier.d2h(job.c, region, a[:rows, :C1 - C0], self.done)
