@@ -464,6 +464,20 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
                          "train-TN-t16384-f16384-fp32", "train-NT-t65536-f16384-fp32"]),
                          "--no-tf32x3", "--runs", "5", "--budget-s", "380",
                          "--out", "gemm-h200-s28-strassen"])],
+    # nvidia-h200 (session 28): strassen with M7 moved up and whole copies after the first
+    # quadrants, against the tiled fp32 path, and three switches (a short first piece,
+    # 8 strips, the sums on a side stream), alternating in one process; then two traced
+    "s28-strassen2": [(330, ["env", "TILE_AB=planner,compute=strassen,"
+                             "compute=strassen+set=strassen.FIRST_PIECE=512,"
+                             "compute=strassen+set=strassen.STRIPS=8,"
+                             "compute=strassen+set=strassen_worker.SIDE_ADDS=1",
+                             "TILE_AB_TAG=s28-strassen"] + PY + [
+                                 B + "diag/tile_ab.py", "fp32-16384", "fp32-32768",
+                                 "train-NN-t16384-f8192-fp32"]),
+                      (120, ["env", "GEMM_TRACE_TAG=s28-strassen",
+                             "GEMM_TRACE_COMPUTE=strassen"] + PY + [
+                          B + "diag/gemm_trace.py", "fp32-16384",
+                          "train-NN-t16384-f8192-fp32"])],
     # nvidia-h200 (written in session 25): tf32x3's error on Gram matrices by BIG_CHUNK
     "s26-gram": [(120, PY + [B + "diag/x3_gram.py"])],
     # nvidia-h200 (session 22): 3b-16k outcore alone, 8 measured steps each: the balance

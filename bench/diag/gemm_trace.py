@@ -10,7 +10,8 @@ common.trace_streams, its whole timeline kept beside the results
 of the product's span (h2d and d2h copies' time on their streams). Writes
 bench/results/gemm-trace-<machine>.json and prints a table last.
 
-GEMM_TRACE_TILE=ROWS,COLS[,...] forces outcore's tiles (matmul(tile=)); GEMM_TRACE_TAG=T
+GEMM_TRACE_TILE=ROWS,COLS[,...] forces outcore's tiles (matmul(tile=));
+GEMM_TRACE_COMPUTE=C runs every case with matmul(compute=C); GEMM_TRACE_TAG=T
 names the files gemm-trace-<machine>-T.json and ...-T-<case>.trace.json.gz instead.
 """
 
@@ -36,6 +37,7 @@ from outcore.memory import pin_  # noqa: E402
 TENTHS = 10
 TILE = os.environ.get("GEMM_TRACE_TILE")
 TAG = os.environ.get("GEMM_TRACE_TAG")
+COMPUTE = os.environ.get("GEMM_TRACE_COMPUTE")   # overrides the cases' arithmetic
 
 
 def link_use(rows: list, span_us: float) -> dict:
@@ -73,7 +75,7 @@ def main() -> int:
         sa = (c.k, c.m) if c.transa else (c.m, c.k)
         sb = (c.n, c.k) if c.transb else (c.k, c.n)
         A, B, C = (b[:s[0] * s[1]].view(s) for b, s in zip(bufs, (sa, sb, (c.m, c.n))))
-        kw = dict(transa=c.transa, transb=c.transb, compute=c.compute, devices=0,
+        kw = dict(transa=c.transa, transb=c.transb, compute=COMPUTE or c.compute, devices=0,
                   return_stats=True,
                   tile=tuple(int(x) for x in TILE.split(",")) if TILE else None)
         st = [matmul(A, B, C, **kw)[1]]                 # warm-up: buffers, handles, plan

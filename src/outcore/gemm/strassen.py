@@ -11,14 +11,16 @@ rows and columns past a matrix's edge are zeros on the device) and (Winograd's v
     T1 = B12 - B11   T2 = B22 - T1   T3 = B22 - B12   T4 = T2 - B21
     X  = A11 B11                                      (M1)
     C11 = X + A12 B21                                 (M2)
-    X += S2 T2;  C21 = X + S3 T3                      (M6, M7)
-    Z = S1 T1;  C22 = C21 + Z;  X += Z                (M5)
-    C21 -= A22 T4;  C12 = X + S4 B22                  (M4, M3: C12 in row strips)
+    C21 = S3 T3                                       (M7: seven quadrants have landed)
+    Z = S1 T1;  X += S2 T2;  C21 += X                 (M5, M6)
+    C22 = C21 + Z;  X += Z;  C21 -= A22 T4            (M4)
+    C12 = X + S4 B22                                  (M3, in row strips)
 
-so each C quadrant is copied out as soon as it is final (C11 after the second GEMM) while
-the next GEMMs run, and the last one goes out strip by strip: only a strip's copy is left
-after the device's last GEMM. The first two GEMMs run piece by piece over K as their
-quadrants land (strassen_worker.py).
+Quadrants land in the order the GEMMs need them (A22 last: only M5 on need it), so each
+C quadrant is copied out as soon as it is final (C11 after the second GEMM) while the
+next GEMMs run, and the last one goes out strip by strip: only a strip's copy is left
+after the device's last GEMM. The first GEMM runs piece by piece over K as its
+quadrants land; the others are copied whole (wide rows copy faster).
 
 Arithmetic: the host dtype's own (float32 or float64), no tensor-core formats. Numerics:
 not those of the classical product: the sums and differences mix the quadrants'
@@ -43,7 +45,10 @@ from .tiles import spans
 
 MIN_HALF = 256       # no super-tile or K block is cut to quadrants under this (too small
                      # to gain): the budget is then too small
-PIECE = 2048         # K depth of a copy piece (the first two GEMMs run piece by piece)
+PIECE = 2048         # K depth of a copy piece of the first quadrants (M1 runs by pieces)
+FIRST_PIECE = 0      # K depth of the very first piece (0: PIECE's), the device's wait at
+                     # the start: op(A)'s pieces are narrow rows, copied at 34 GB/s where
+                     # 8 KiB wide (bench/results/gemm-h200-s28-strassen.json, bandwidth)
 STRIPS = 4           # row strips of the last quadrant (C12): the copy left after the end
 SLACK_BUFFERS = 40   # views of the arena (alignment), see Arena.slack
 
@@ -104,9 +109,13 @@ class StrassenPlan:
                 for c0, c1 in self.col_spans]
 
     def pieces(self, depth: int) -> list[tuple[int, int]]:
-        """Copy pieces of a quadrant `depth` deep: about PIECE each."""
-        n = max(1, round(depth / PIECE))
-        return spans(depth, -(-depth // n)) if depth else [(0, 0)]
+        """Copy pieces of op(A)'s and op(B)'s first quadrants (M1 runs piece by piece as
+        they land), `depth` deep: FIRST_PIECE, then about PIECE each."""
+        first = FIRST_PIECE if 0 < FIRST_PIECE < depth else 0
+        n = max(1, round((depth - first) / PIECE))
+        rest = spans(depth - first, -(-(depth - first) // n)) if depth > first else []
+        return ([(0, first)] if first else []) + [(a + first, b + first) for a, b in rest] \
+            or [(0, 0)]
 
     def describe(self) -> str:
         return (f"strassen-winograd, one level: {len(self.row_spans)}x{len(self.col_spans)} "

@@ -22,9 +22,14 @@ from ..transfer import Lanes, host_wait
 from .arena import Arena
 from .copies import Copier
 from .mmacc import mm_acc
-from .strassen import STRIPS, SLACK_BUFFERS, StrassenPlan, SuperTile, half
+from . import strassen
+from .strassen import SLACK_BUFFERS, StrassenPlan, SuperTile, half
 from .tiles import spans
 from .worker import GemmJob, LIGHT_STREAM_CTX, REUSE_STREAMS, _device_streams
+
+# Whether the sums S1..S4 and T1..T4 run on a side stream (the conversion stream), beside
+# the GEMMs, as soon as their quadrants land (False: on the compute stream, in turn).
+SIDE_ADDS = False
 
 
 class _Quad:
@@ -32,12 +37,13 @@ class _Quad:
 
     flat: its arena memory; op: this block's quadrant, op order (R x C), a transposed view
     of the storage-order buffer where the host matrix is stored transposed; events: one
-    h2d event per copy piece; free: compute event after its last reader (buffer reuse)."""
+    h2d event per copy piece (spans: their K ranges); free: compute event after its last reader (buffer reuse)."""
 
     def __init__(self, flat: torch.Tensor, trans: bool):
         self.flat, self.trans = flat, trans
         self.op: torch.Tensor | None = None
         self.events: list = []
+        self.spans: list = []
         self.free = None
 
     def shape(self, rows: int, cols: int) -> torch.Tensor:
@@ -109,6 +115,8 @@ class StrassenWorker:
         self.work = {q: self.arena.take(cq, dt) for q in (
             ("z", "11", "12", "21", "22") if p.accumulates else ("z",))}
         self.copier = Copier(self.lanes, self.stats, 0)
+        self.side = _device_streams(dev)[2] if SIDE_ADDS and dev.type == "cuda" else None
+        self.st_free = None          # compute event: the last block's last reader of S, T
 
     # -- one super-tile ------------------------------------------------------------------
     def _tile(self, t: SuperTile):
@@ -142,8 +150,9 @@ class StrassenWorker:
         L.wait(L.compute, L.event(L.h2d))       # stream wait: the old C has landed
 
     def _load(self, name: str, host, rspan, cspan, k_rows: bool, shape) -> None:
-        """Quadrant `name` <- op(host)[rspan, cspan] in pieces along K (op's columns for A,
-        its rows for B: k_rows); a shape larger than the region is padded with zeros."""
+        """Quadrant `name` <- op(host)[rspan, cspan] (K along op's columns for A, its rows
+        for B: k_rows), in plan.pieces along K for the first quadrants, else whole; a
+        shape larger than the region is padded with zeros."""
         L, q = self.lanes, self.quads[name]
         # Buffer reuse: the last block's last reader of this buffer is done.
         L.wait(L.h2d, q.free)
@@ -155,7 +164,8 @@ class StrassenWorker:
                 op[:, nc:].zero_()
         q.events = []
         depth = shape[0] if k_rows else shape[1]
-        for p0, p1 in self.plan.pieces(depth):
+        q.spans = self.plan.pieces(depth) if name[1:] == "11" else [(0, depth)]
+        for p0, p1 in q.spans:
             lo, hi = p0, min(p1, nr if k_rows else nc)
             if hi > lo:
                 if k_rows:
@@ -172,13 +182,13 @@ class StrassenWorker:
         self.stats.gemms += 1
         self.stats.flops += 2.0 * a.shape[0] * a.shape[1] * b.shape[1]
 
-    def _mm_pieces(self, acc, qa: _Quad, qb: _Quad, beta: float) -> None:
-        """acc = qa @ qb + beta * acc, one GEMM per copy piece as the pieces land."""
+    def _mm_pieces(self, acc, qa: _Quad, qb: _Quad) -> None:
+        """acc = qa @ qb, one GEMM per copy piece as the pieces land."""
         L = self.lanes
-        for i, (p0, p1) in enumerate(self.plan.pieces(qa.op.shape[1])):
+        for i, (p0, p1) in enumerate(qa.spans):
             L.wait(L.compute, qa.events[i])    # stream wait: this piece of each has landed
             L.wait(L.compute, qb.events[i])
-            self._mm(acc, qa.op[:, p0:p1], qb.op[p0:p1, :], 1.0, beta if i == 0 else 1.0)
+            self._mm(acc, qa.op[:, p0:p1], qb.op[p0:p1, :], 1.0, 0.0 if i == 0 else 1.0)
 
     def _ready(self, *names: str) -> None:
         for n in names:
@@ -190,6 +200,26 @@ class StrassenWorker:
         for n in names:
             self.quads[n].free = ev
 
+    def _sums(self, needs: tuple, *jobs) -> None:
+        """S and T buffers: (out, x, y, sign) -> out = x + sign * y on storage-order buffers
+        (contiguous adds whatever the host's layout), once the quadrants `needs` have
+        landed; on the side stream where SIDE_ADDS is on."""
+        Q, L = self.quads, self.lanes
+        on = self.side or L.compute
+        for n in needs:
+            L.wait(on, Q[n].events[-1])   # stream wait: the quadrant has landed
+        if self.side is not None:
+            # Buffer reuse: the last block's GEMMs that read S and T are done.
+            L.wait(on, self.st_free)
+        with L.on(self.side):
+            for out, x, y, sign in jobs:
+                (torch.add if sign > 0 else torch.sub)(Q[x].storage, Q[y].storage,
+                                                       out=Q[out].storage)
+        if self.side is not None:
+            # stream wait: the GEMMs read the sums (and the quadrants' `_freed` events,
+            # recorded on compute after this, cover the side stream's reads)
+            L.wait(L.compute, L.event(self.side))
+
     def _block(self, t: SuperTile, rows, cols, kspan, acc: dict, first: bool, last: bool):
         """This K block's Winograd step (strassen.py's docstring) into acc (or into the work
         buffers, added into acc quadrant by quadrant where the plan accumulates)."""
@@ -198,53 +228,46 @@ class StrassenWorker:
         k0, k1 = kspan
         hk = half(k1 - k0)
         ks = {"1": (k0, k0 + hk), "2": (k0 + hk, k1)}
-        for name in ("a11", "b11", "a12", "b21", "a21", "a22", "b12", "b22"):
+        # in the order of need: M1, M2, M7 (S3, T3), then A22 for M5 and M6
+        for name in ("a11", "b11", "a12", "b21", "a21", "b12", "b22", "a22"):
             if name[0] == "a":
                 self._load(name, job.a, rows[name[1]], ks[name[2]], False, (hm, hk))
             else:
                 self._load(name, job.b, ks[name[1]], cols[name[2]], True, (hk, hn))
+        for n in ("s1", "s2", "s3", "s4"):
+            Q[n].shape(hm, hk)
+        for n in ("t1", "t2", "t3", "t4"):
+            Q[n].shape(hk, hn)
+        op = {n: Q[n].op for n in Q}
         out = acc if not p.accumulates else {
             q: f[:hm * hn].view(hm, hn) for q, f in self.work.items() if q != "z"}
         x, z = out["12"], self.work["z"][:hm * hn].view(hm, hn)
         fin = _Finisher(self, acc, out, first, last)
-        ops, s = {n: Q[n].op for n in Q if n[0] in "ab"}, {}
-        self._mm_pieces(x, Q["a11"], Q["b11"], 0.0)                      # X = M1
-        self._mm_pieces(out["11"], Q["a12"], Q["b21"], 0.0)              # M2
+        self._mm_pieces(x, Q["a11"], Q["b11"])                           # X = M1
+        self._ready("a12", "b21")
+        self._mm(out["11"], op["a12"], op["b21"])                        # M2
         out["11"].add_(x)                                                # C11 = M1 + M2
         fin.quadrant("11")
-        self._ready("a21", "a22", "b12", "b22")
-        for n, shape in (("s1", (hm, hk)), ("s2", (hm, hk)), ("s3", (hm, hk)),
-                         ("t1", (hk, hn)), ("t2", (hk, hn)), ("t3", (hk, hn))):
-            s[n] = Q[n].shape(*shape)
-        # on storage-order buffers: contiguous adds whatever the host's layout
-        st = {n: Q[n].storage for n in Q if n[0] in "ab" or n[1] in "123"}
-        torch.add(st["a21"], st["a22"], out=st["s1"])
-        torch.sub(st["s1"], st["a11"], out=st["s2"])
-        torch.sub(st["a11"], st["a21"], out=st["s3"])
-        torch.sub(st["b12"], st["b11"], out=st["t1"])
-        torch.sub(st["b22"], st["t1"], out=st["t2"])
-        torch.sub(st["b22"], st["b12"], out=st["t3"])
-        self._freed("a11", "a21", "b11", "b12")
-        self._mm(x, s["s2"], s["t2"], 1.0, 1.0)                          # X += M6
-        out["21"].copy_(x)
-        self._mm(out["21"], s["s3"], s["t3"], 1.0, 1.0)                  # U3 = X + M7
-        self._mm(z, s["s1"], s["t1"])                                    # Z = M5
+        self._sums(("a11", "a21", "b11", "b12", "b22", "b21"), ("s3", "a11", "a21", -1), ("t3", "b22", "b12", -1),
+                   ("t1", "b12", "b11", -1), ("t2", "b22", "t1", -1), ("t4", "t2", "b21", -1))
+        self._freed("b11", "b12", "b21")
+        self._mm(out["21"], op["s3"], op["t3"])                          # C21 = M7
+        self._sums(("a22",), ("s1", "a21", "a22", 1), ("s2", "s1", "a11", -1), ("s4", "a12", "s2", -1))
+        self._freed("a11", "a21", "a12")
+        self._mm(z, op["s1"], op["t1"])                                  # Z = M5
+        self._mm(x, op["s2"], op["t2"], 1.0, 1.0)                        # X = M1 + M6
+        out["21"].add_(x)                                                # U3 = X + M7
         torch.add(out["21"], z, out=out["22"])                           # C22 = U3 + M5
         fin.quadrant("22")
         x.add_(z)                                                        # X += M5
-        t4 = Q["t4"].shape(hk, hn)
-        torch.sub(Q["t2"].storage, Q["b21"].storage, out=Q["t4"].storage)
-        self._freed("b21")
-        self._mm(out["21"], ops["a22"], t4, -1.0, 1.0)                     # C21 = U3 - M4
+        self._mm(out["21"], op["a22"], op["t4"], -1.0, 1.0)              # C21 = U3 - M4
         self._freed("a22")
         fin.quadrant("21")
-        s4 = Q["s4"].shape(hm, hk)
-        torch.sub(Q["a12"].storage, Q["s2"].storage, out=Q["s4"].storage)
-        self._freed("a12")
-        for r0, r1 in spans(hm, -(-hm // STRIPS)):                       # C12 = X + M3
-            self._mm(x[r0:r1], s4[r0:r1], ops["b22"], 1.0, 1.0)
+        for r0, r1 in spans(hm, -(-hm // strassen.STRIPS)):                       # C12 = X + M3
+            self._mm(x[r0:r1], op["s4"][r0:r1], op["b22"], 1.0, 1.0)
             fin.quadrant("12", (r0, r1))
         self._freed("b22")
+        self.st_free = self.lanes.event()
         return fin.done
 
 
