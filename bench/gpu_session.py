@@ -478,6 +478,24 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
                              "GEMM_TRACE_COMPUTE=strassen"] + PY + [
                           B + "diag/gemm_trace.py", "fp32-16384",
                           "train-NN-t16384-f8192-fp32"])],
+    # nvidia-h200 (session 28): strassen with the first quadrants' pieces alternating A's and
+    # B's, and the three switches on (a 512-deep first piece, 8 strips, the sums on a side
+    # stream) against them off and against each piece depth, alternating in one process;
+    # the GPU tests first, a trace last
+    "s28-strassen3": [(120, PY + ["-m", "pytest", "-q", "-p", "no:warnings",
+                                  "tests/gemm/test_gemm_gpu.py", "-k", "strassen"]),
+                      (330, ["env", "TILE_AB=planner,compute=strassen,compute=strassen+"
+                             "set=strassen.FIRST_PIECE=0+set=strassen.STRIPS=4+"
+                             "set=strassen_worker.SIDE_ADDS=0,"
+                             "compute=strassen+set=strassen.FIRST_PIECE=1024,"
+                             "compute=strassen+set=strassen_worker.SIDE_ADDS=0",
+                             "TILE_AB_TAG=s28-strassen3"] + PY + [
+                                 B + "diag/tile_ab.py", "fp32-16384", "fp32-32768",
+                                 "train-NN-t16384-f8192-fp32", "train-TN-t16384-f16384-fp32",
+                                 "train-NT-t65536-f16384-fp32"]),
+                      (60, ["env", "GEMM_TRACE_TAG=s28-strassen3",
+                            "GEMM_TRACE_COMPUTE=strassen"] + PY + [
+                          B + "diag/gemm_trace.py", "fp32-16384"])],
     # nvidia-h200 (written in session 25): tf32x3's error on Gram matrices by BIG_CHUNK
     "s26-gram": [(120, PY + [B + "diag/x3_gram.py"])],
     # nvidia-h200 (session 22): 3b-16k outcore alone, 8 measured steps each: the balance

@@ -46,10 +46,10 @@ from .tiles import spans
 MIN_HALF = 256       # no super-tile or K block is cut to quadrants under this (too small
                      # to gain): the budget is then too small
 PIECE = 2048         # K depth of a copy piece of the first quadrants (M1 runs by pieces)
-FIRST_PIECE = 0      # K depth of the very first piece (0: PIECE's), the device's wait at
-                     # the start: op(A)'s pieces are narrow rows, copied at 34 GB/s where
-                     # 8 KiB wide (bench/results/gemm-h200-s28-strassen.json, bandwidth)
-STRIPS = 4           # row strips of the last quadrant (C12): the copy left after the end
+FIRST_PIECE = 512    # K depth of the very first piece (0: PIECE's): the device's wait at
+                     # the start (fp32-16384: 6.9 ms of 157 before the first GEMM, when all
+                     # of A11 came before B11's first piece, gemm-trace-h200-s28-strassen*)
+STRIPS = 8           # row strips of the last quadrant (C12): the copy left after the end
 SLACK_BUFFERS = 40   # views of the arena (alignment), see Arena.slack
 
 

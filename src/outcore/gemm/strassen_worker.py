@@ -29,7 +29,8 @@ from .worker import GemmJob, LIGHT_STREAM_CTX, REUSE_STREAMS, _device_streams
 
 # Whether the sums S1..S4 and T1..T4 run on a side stream (the conversion stream), beside
 # the GEMMs, as soon as their quadrants land (False: on the compute stream, in turn).
-SIDE_ADDS = False
+# On the compute stream they took 2.3 ms of fp32-16384's 148 (gemm-trace-h200-s28-strassen*).
+SIDE_ADDS = True
 
 
 class _Quad:
@@ -149,10 +150,11 @@ class StrassenWorker:
                 self.copier.h2d(a[:r1 - r0, :c1 - c0], self.job.c, (r0, r1, c0, c1))
         L.wait(L.compute, L.event(L.h2d))       # stream wait: the old C has landed
 
-    def _load(self, name: str, host, rspan, cspan, k_rows: bool, shape) -> None:
+    def _load(self, name: str, host, rspan, cspan, k_rows: bool, shape) -> list:
         """Quadrant `name` <- op(host)[rspan, cspan] (K along op's columns for A, its rows
         for B: k_rows), in plan.pieces along K for the first quadrants, else whole; a
-        shape larger than the region is padded with zeros."""
+        shape larger than the region is padded with zeros. Returns the copies, one per
+        piece, each a function that enqueues it (the caller interleaves A's and B's)."""
         L, q = self.lanes, self.quads[name]
         # Buffer reuse: the last block's last reader of this buffer is done.
         L.wait(L.h2d, q.free)
@@ -165,7 +167,8 @@ class StrassenWorker:
         q.events = []
         depth = shape[0] if k_rows else shape[1]
         q.spans = self.plan.pieces(depth) if name[1:] == "11" else [(0, depth)]
-        for p0, p1 in q.spans:
+
+        def piece(p0: int, p1: int) -> None:
             lo, hi = p0, min(p1, nr if k_rows else nc)
             if hi > lo:
                 if k_rows:
@@ -176,6 +179,7 @@ class StrassenWorker:
                     region, dst = region[2:] + region[:2], dst.t()
                 self.copier.h2d(dst, host, region)
             q.events.append(L.event(L.h2d))
+        return [lambda a=a, b=b: piece(a, b) for a, b in q.spans]
 
     def _mm(self, acc, a, b, alpha: float = 1.0, beta: float = 0.0) -> None:
         self.stats.lt_gemms += mm_acc(acc, a, b, alpha, beta)
@@ -229,11 +233,16 @@ class StrassenWorker:
         hk = half(k1 - k0)
         ks = {"1": (k0, k0 + hk), "2": (k0 + hk, k1)}
         # in the order of need: M1, M2, M7 (S3, T3), then A22 for M5 and M6
-        for name in ("a11", "b11", "a12", "b21", "a21", "b12", "b22", "a22"):
-            if name[0] == "a":
-                self._load(name, job.a, rows[name[1]], ks[name[2]], False, (hm, hk))
-            else:
-                self._load(name, job.b, ks[name[1]], cols[name[2]], True, (hk, hn))
+        # (the first quadrants' pieces alternate, so M1's first GEMM starts after one
+        # piece of each)
+        for names in (("a11", "b11"), ("a12",), ("b21",), ("a21",), ("b12",), ("b22",),
+                      ("a22",)):
+            copies = [self._load(n, job.a, rows[n[1]], ks[n[2]], False, (hm, hk))
+                      if n[0] == "a" else
+                      self._load(n, job.b, ks[n[1]], cols[n[2]], True, (hk, hn))
+                      for n in names]
+            for piece in (c for group in zip(*copies) for c in group):
+                piece()
         for n in ("s1", "s2", "s3", "s4"):
             Q[n].shape(hm, hk)
         for n in ("t1", "t2", "t3", "t4"):
