@@ -372,7 +372,8 @@ def estimate_s(c: Case, env: Env) -> float:
     rate = {"fp32": 45e12, "tf32": 300e12, "bf16": 450e12}[c.compute]
     link = (c.m * c.k + c.k * c.n + c.m * c.n) * 4 / 45e9
     one = max(c.flops / rate, link) + 0.05
-    runs = (env.runs + 1) * 2 + (len(BLOCK_DIMS) + 2 if c.compute == "fp32" else 0)
+    runs = (env.runs + 1) * (2 + (c.compute == "fp32") * (env.tf32x3 + env.strassen)) + (
+        len(BLOCK_DIMS) + 2 if c.compute == "fp32" else 0)
     return one * runs + 2.0
 
 

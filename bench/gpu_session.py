@@ -496,6 +496,15 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
                       (60, ["env", "GEMM_TRACE_TAG=s28-strassen3",
                             "GEMM_TRACE_COMPUTE=strassen"] + PY + [
                           B + "diag/gemm_trace.py", "fp32-16384"])],
+    # nvidia-h200 (session 28): strassen with M1's GEMMs enqueued between its pieces'
+    # copies (the host reached the first GEMM 2.4 ms after its pieces had landed): the GPU
+    # tests, fp32-16384 traced, then the whole bench (the record) with the strassen rows
+    "s28-record": [(120, PY + ["-m", "pytest", "-q", "-p", "no:warnings",
+                               "tests/gemm/test_gemm_gpu.py"]),
+                   (40, ["env", "GEMM_TRACE_TAG=s28-strassen4",
+                         "GEMM_TRACE_COMPUTE=strassen"] + PY + [
+                       B + "diag/gemm_trace.py", "fp32-16384"]),
+                   (430, PY + [B + "gemm.py", "--budget-s", "400"])],
     # nvidia-h200 (written in session 25): tf32x3's error on Gram matrices by BIG_CHUNK
     "s26-gram": [(120, PY + [B + "diag/x3_gram.py"])],
     # nvidia-h200 (session 22): 3b-16k outcore alone, 8 measured steps each: the balance

@@ -29,7 +29,8 @@ from .worker import GemmJob, LIGHT_STREAM_CTX, REUSE_STREAMS, _device_streams
 
 # Whether the sums S1..S4 and T1..T4 run on a side stream (the conversion stream), beside
 # the GEMMs, as soon as their quadrants land (False: on the compute stream, in turn).
-# On the compute stream they took 2.3 ms of fp32-16384's 148 (gemm-trace-h200-s28-strassen*).
+# On the compute stream they took 2.3 ms of fp32-16384's 148 (gemm-trace-h200-s28-
+# strassen*); beside them 0.6-1.3 ms faster there (tile-ab-h200-s28-strassen*.json).
 SIDE_ADDS = True
 
 
@@ -38,7 +39,8 @@ class _Quad:
 
     flat: its arena memory; op: this block's quadrant, op order (R x C), a transposed view
     of the storage-order buffer where the host matrix is stored transposed; events: one
-    h2d event per copy piece (spans: their K ranges); free: compute event after its last reader (buffer reuse)."""
+    h2d event per copy piece (spans: their K ranges); free: compute event after its last
+    reader (buffer reuse)."""
 
     def __init__(self, flat: torch.Tensor, trans: bool):
         self.flat, self.trans = flat, trans
@@ -186,13 +188,12 @@ class StrassenWorker:
         self.stats.gemms += 1
         self.stats.flops += 2.0 * a.shape[0] * a.shape[1] * b.shape[1]
 
-    def _mm_pieces(self, acc, qa: _Quad, qb: _Quad) -> None:
-        """acc = qa @ qb, one GEMM per copy piece as the pieces land."""
-        L = self.lanes
-        for i, (p0, p1) in enumerate(qa.spans):
-            L.wait(L.compute, qa.events[i])    # stream wait: this piece of each has landed
-            L.wait(L.compute, qb.events[i])
-            self._mm(acc, qa.op[:, p0:p1], qb.op[p0:p1, :], 1.0, 0.0 if i == 0 else 1.0)
+    def _mm_piece(self, acc, qa: _Quad, qb: _Quad, i: int) -> None:
+        """acc (=, for i == 0, else +=) qa @ qb over copy piece i, once it has landed."""
+        L, (p0, p1) = self.lanes, qa.spans[i]
+        L.wait(L.compute, qa.events[i])        # stream wait: this piece of each has landed
+        L.wait(L.compute, qb.events[i])
+        self._mm(acc, qa.op[:, p0:p1], qb.op[p0:p1, :], 1.0, 0.0 if i == 0 else 1.0)
 
     def _ready(self, *names: str) -> None:
         for n in names:
@@ -232,36 +233,43 @@ class StrassenWorker:
         k0, k1 = kspan
         hk = half(k1 - k0)
         ks = {"1": (k0, k0 + hk), "2": (k0 + hk, k1)}
-        # in the order of need: M1, M2, M7 (S3, T3), then A22 for M5 and M6
-        # (the first quadrants' pieces alternate, so M1's first GEMM starts after one
-        # piece of each)
-        for names in (("a11", "b11"), ("a12",), ("b21",), ("a21",), ("b12",), ("b22",),
-                      ("a22",)):
-            copies = [self._load(n, job.a, rows[n[1]], ks[n[2]], False, (hm, hk))
-                      if n[0] == "a" else
-                      self._load(n, job.b, ks[n[1]], cols[n[2]], True, (hk, hn))
-                      for n in names]
-            for piece in (c for group in zip(*copies) for c in group):
+        def load(n: str) -> list:
+            if n[0] == "a":
+                return self._load(n, job.a, rows[n[1]], ks[n[2]], False, (hm, hk))
+            return self._load(n, job.b, ks[n[1]], cols[n[2]], True, (hk, hn))
+        out = acc if not p.accumulates else {
+            q: f[:hm * hn].view(hm, hn) for q, f in self.work.items() if q != "z"}
+        x, z = out["12"], self.work["z"][:hm * hn].view(hm, hn)
+        # X = M1, a GEMM per piece as the pieces land: each enqueued right after its
+        # piece's copies (A's and B's alternating), before the later copies, so the host
+        # reaches the first GEMM early (fp32-16384's began 3.5 ms after the first copy,
+        # 2.4 ms after its pieces had landed, when every copy of the block was enqueued
+        # before it: gemm-trace-h200-s28-strassen3*)
+        for i, pair in enumerate(zip(load("a11"), load("b11"))):
+            for piece in pair:
+                piece()
+            self._mm_piece(x, Q["a11"], Q["b11"], i)
+        # the others in the order of need: M2, M7 (S3, T3), then A22 for M5 and M6
+        for n in ("a12", "b21", "a21", "b12", "b22", "a22"):
+            for piece in load(n):
                 piece()
         for n in ("s1", "s2", "s3", "s4"):
             Q[n].shape(hm, hk)
         for n in ("t1", "t2", "t3", "t4"):
             Q[n].shape(hk, hn)
         op = {n: Q[n].op for n in Q}
-        out = acc if not p.accumulates else {
-            q: f[:hm * hn].view(hm, hn) for q, f in self.work.items() if q != "z"}
-        x, z = out["12"], self.work["z"][:hm * hn].view(hm, hn)
         fin = _Finisher(self, acc, out, first, last)
-        self._mm_pieces(x, Q["a11"], Q["b11"])                           # X = M1
         self._ready("a12", "b21")
         self._mm(out["11"], op["a12"], op["b21"])                        # M2
         out["11"].add_(x)                                                # C11 = M1 + M2
         fin.quadrant("11")
-        self._sums(("a11", "a21", "b11", "b12", "b22", "b21"), ("s3", "a11", "a21", -1), ("t3", "b22", "b12", -1),
-                   ("t1", "b12", "b11", -1), ("t2", "b22", "t1", -1), ("t4", "t2", "b21", -1))
+        self._sums(("a11", "a21", "b11", "b12", "b22", "b21"),
+                   ("s3", "a11", "a21", -1), ("t3", "b22", "b12", -1), ("t1", "b12", "b11", -1),
+                   ("t2", "b22", "t1", -1), ("t4", "t2", "b21", -1))
         self._freed("b11", "b12", "b21")
         self._mm(out["21"], op["s3"], op["t3"])                          # C21 = M7
-        self._sums(("a22",), ("s1", "a21", "a22", 1), ("s2", "s1", "a11", -1), ("s4", "a12", "s2", -1))
+        self._sums(("a22",),
+                   ("s1", "a21", "a22", 1), ("s2", "s1", "a11", -1), ("s4", "a12", "s2", -1))
         self._freed("a11", "a21", "a12")
         self._mm(z, op["s1"], op["t1"])                                  # Z = M5
         self._mm(x, op["s2"], op["t2"], 1.0, 1.0)                        # X = M1 + M6
