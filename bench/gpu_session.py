@@ -505,6 +505,18 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
                          "GEMM_TRACE_COMPUTE=strassen"] + PY + [
                        B + "diag/gemm_trace.py", "fp32-16384"]),
                    (430, PY + [B + "gemm.py", "--budget-s", "400"])],
+    # nvidia-h200 (session 28): strassen's first pieces growing 1.5x from 512 against 2048
+    # right after the first, alternating in one process; then the TN shapes with 8192
+    # features that strassen ran slower than the tiled fp32 path (gemm-h200.json at
+    # c1626e2), traced under both
+    "s28-ramp": [(200, ["env", "TILE_AB=compute=strassen,compute=strassen+set=strassen.RAMP=1",
+                        "TILE_AB_TAG=s28-ramp"] + PY + [
+                            B + "diag/tile_ab.py", "fp32-16384", "fp32-32768",
+                            "train-NN-t16384-f8192-fp32"])] + [
+        (60, ["env", f"GEMM_TRACE_TAG=s28-tn-{c}"] + (
+            ["GEMM_TRACE_COMPUTE=strassen"] if c == "strassen" else []) + PY + [
+            B + "diag/gemm_trace.py", "train-TN-t16384-f8192-fp32",
+            "train-TN-t32768-f8192-fp32"]) for c in ("strassen", "fp32")],
     # nvidia-h200 (written in session 25): tf32x3's error on Gram matrices by BIG_CHUNK
     "s26-gram": [(120, PY + [B + "diag/x3_gram.py"])],
     # nvidia-h200 (session 22): 3b-16k outcore alone, 8 measured steps each: the balance

@@ -49,6 +49,11 @@ PIECE = 2048         # K depth of a copy piece of the first quadrants (M1 runs b
 FIRST_PIECE = 512    # K depth of the very first piece (0: PIECE's): the device's wait at
                      # the start (fp32-16384: 6.9 ms of 157 before the first GEMM, when all
                      # of A11 came before B11's first piece, gemm-trace-h200-s28-strassen*)
+RAMP = 1.5           # each next piece this much deeper, up to PIECE (1: PIECE right after
+                     # the first): a piece lands within its predecessor's GEMM where A's
+                     # narrow rows copy at 35 GB/s and fp32 runs 53 TFLOP/s (1.59 against
+                     # 2.53 us per unit of depth at 8192 rows); with 2048 right after 512
+                     # the device waited 1.7 ms (gemm-trace-h200-s28-strassen4*)
 STRIPS = 8           # row strips of the last quadrant (C12): the copy left after the end
 SLACK_BUFFERS = 40   # views of the arena (alignment), see Arena.slack
 
@@ -110,12 +115,15 @@ class StrassenPlan:
 
     def pieces(self, depth: int) -> list[tuple[int, int]]:
         """Copy pieces of op(A)'s and op(B)'s first quadrants (M1 runs piece by piece as
-        they land), `depth` deep: FIRST_PIECE, then about PIECE each."""
-        first = FIRST_PIECE if 0 < FIRST_PIECE < depth else 0
-        n = max(1, round((depth - first) / PIECE))
-        rest = spans(depth - first, -(-(depth - first) // n)) if depth > first else []
-        return ([(0, first)] if first else []) + [(a + first, b + first) for a, b in rest] \
-            or [(0, 0)]
+        they land), `depth` deep: FIRST_PIECE, each next one RAMP times the last up to
+        PIECE, then about PIECE each."""
+        out, at, size = [], 0, FIRST_PIECE or PIECE
+        while at < depth and size < PIECE and depth - at > size:
+            out.append((at, at + size))
+            at, size = at + size, int(size * RAMP) if RAMP > 1 else PIECE
+        n = max(1, round((depth - at) / PIECE))
+        out += [(a + at, b + at) for a, b in spans(depth - at, -(-(depth - at) // n))]
+        return out or [(0, 0)]
 
     def describe(self) -> str:
         return (f"strassen-winograd, one level: {len(self.row_spans)}x{len(self.col_spans)} "
