@@ -517,6 +517,18 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
             ["GEMM_TRACE_COMPUTE=strassen"] if c == "strassen" else []) + PY + [
             B + "diag/gemm_trace.py", "train-TN-t16384-f8192-fp32",
             "train-TN-t32768-f8192-fp32"]) for c in ("strassen", "fp32")],
+    # nvidia-h200 (session 28): strassen's M2 and M7 by copy pieces (PIECEWISE) against
+    # whole, alternating in one process, on the TN shapes it ran slower than the tiled
+    # path and three others; the GPU tests first (both ways)
+    "s28-piecewise": [(150, PY + ["-m", "pytest", "-q", "-p", "no:warnings",
+                                  "tests/gemm/test_gemm_gpu.py", "-k", "strassen"]),
+                      (300, ["env", "TILE_AB=planner,compute=strassen,"
+                             "compute=strassen+set=strassen_worker.PIECEWISE=1",
+                             "TILE_AB_TAG=s28-piecewise"] + PY + [
+                                 B + "diag/tile_ab.py", "train-TN-t16384-f8192-fp32",
+                                 "train-TN-t32768-f8192-fp32", "train-TN-t65536-f8192-fp32",
+                                 "train-NN-t16384-f8192-fp32", "train-NT-t16384-f8192-fp32",
+                                 "fp32-16384"])],
     # nvidia-h200 (written in session 25): tf32x3's error on Gram matrices by BIG_CHUNK
     "s26-gram": [(120, PY + [B + "diag/x3_gram.py"])],
     # nvidia-h200 (session 22): 3b-16k outcore alone, 8 measured steps each: the balance

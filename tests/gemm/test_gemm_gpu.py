@@ -351,13 +351,20 @@ def test_two_threads_share_a_devices_kept_streams():
         check_close(out, A.double().numpy(), B.double().numpy(), None, 1.0, 0.0, "fp32")
 
 
+@pytest.mark.parametrize("piecewise", [False, True])
 @pytest.mark.parametrize("ta,tb,pinned", [(False, False, True), (True, False, False),
                                           (False, True, True), (True, True, False)])
-def test_strassen_on_the_gpu_is_near_the_fp32_gemms_error(ta, tb, pinned):
+def test_strassen_on_the_gpu_is_near_the_fp32_gemms_error(ta, tb, pinned, piecewise,
+                                                          monkeypatch):
     """compute="strassen" on the GPU (odd sizes, transposes, pinned and pageable, alpha and
     beta): its largest error against float64 within a few times that of cuBLAS's fp32 GEMM
     of the whole product (one level: about 2-3x); with a budget that cuts it into
-    super-tiles and K blocks, the same within the budget's reserved peak."""
+    super-tiles and K blocks, the same within the budget's reserved peak. M2 and M7 whole
+    and by copy pieces (strassen_worker.PIECEWISE), pieces of 512 after a first of 256."""
+    from outcore.gemm import strassen, strassen_worker
+    monkeypatch.setattr(strassen_worker, "PIECEWISE", piecewise)
+    monkeypatch.setattr(strassen, "PIECE", 512)
+    monkeypatch.setattr(strassen, "FIRST_PIECE", 256)
     g = torch.Generator().manual_seed(11)
     m, n, k = 3001, 2047, 2561
     A = torch.rand(*((k, m) if ta else (m, k)), generator=g) * 2 - 1

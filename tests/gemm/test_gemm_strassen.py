@@ -127,3 +127,30 @@ def test_bad_input_says_what_to_change():
         matmul(A, B, devices="cpu", compute="strassen", tile=64)
     with pytest.raises(OutcoreError, match="float32 or float64"):
         matmul(A.bfloat16(), B.bfloat16(), devices="cpu", compute="strassen")
+
+
+def test_gemms_by_copy_piece(small_quadrants, monkeypatch):
+    """Copy pieces of 2 then 4 deep: M1 (and, where PIECEWISE, M2 and M7 with S3's and
+    T3's sums) run a GEMM per piece; odd sizes, transposes, K blocks, an old C."""
+    from outcore.gemm import strassen_worker
+    monkeypatch.setattr(strassen, "PIECE", 4)
+    monkeypatch.setattr(strassen, "FIRST_PIECE", 2)
+    rng = np.random.default_rng(9)
+    for m, n, k, ta, tb, budget in ((37, 29, 41, False, False, None),
+                                    (30, 33, 27, True, False, 40 << 10),
+                                    (25, 40, 35, False, True, None),
+                                    (41, 23, 39, True, True, 32 << 10)):
+        a64 = rng.standard_normal((k, m) if ta else (m, k))
+        b64 = rng.standard_normal((n, k) if tb else (k, n))
+        c0 = rng.standard_normal((m, n))
+        gemms = {}
+        for piecewise in (False, True):
+            monkeypatch.setattr(strassen_worker, "PIECEWISE", piecewise)
+            C = torch.from_numpy(c0.copy())
+            _, st = matmul(torch.from_numpy(a64), torch.from_numpy(b64), C, transa=ta,
+                           transb=tb, alpha=0.75, beta=-1.5, devices="cpu", gpu_memory=budget,
+                           compute="strassen", return_stats=True)
+            check_normwise(C.numpy(), a64, b64, c0, 0.75, -1.5, "float64", ta, tb)
+            gemms[piecewise] = st.devices[0].gemms
+        # M1 by pieces either way; M2 and M7 too where PIECEWISE
+        assert gemms[True] > gemms[False] > 7 + strassen.STRIPS - 1, gemms

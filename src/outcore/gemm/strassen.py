@@ -49,11 +49,12 @@ PIECE = 2048         # K depth of a copy piece of the first quadrants (M1 runs b
 FIRST_PIECE = 512    # K depth of the very first piece (0: PIECE's): the device's wait at
                      # the start (fp32-16384: 6.9 ms of 157 before the first GEMM, when all
                      # of A11 came before B11's first piece, gemm-trace-h200-s28-strassen*)
-RAMP = 1.5           # each next piece this much deeper, up to PIECE (1: PIECE right after
-                     # the first): a piece lands within its predecessor's GEMM where A's
-                     # narrow rows copy at 35 GB/s and fp32 runs 53 TFLOP/s (1.59 against
-                     # 2.53 us per unit of depth at 8192 rows); with 2048 right after 512
-                     # the device waited 1.7 ms (gemm-trace-h200-s28-strassen4*)
+RAMP = 1.0           # each next piece this much deeper, up to PIECE (1: PIECE right after
+                     # the first). 1.5 was meant to land each piece within its
+                     # predecessor's GEMM (the device waited 1.7 ms for fp32-16384's second
+                     # piece, gemm-trace-h200-s28-strassen4*), but ran no faster:
+                     # fp32-16384 154 ms against 153, fp32-32768 1.16 s both, NN 16384 x
+                     # 8192 42.5 against 41.7 (tile-ab-h200-s28-ramp.json)
 STRIPS = 8           # row strips of the last quadrant (C12): the copy left after the end
 SLACK_BUFFERS = 40   # views of the arena (alignment), see Arena.slack
 
@@ -124,6 +125,11 @@ class StrassenPlan:
         n = max(1, round((depth - at) / PIECE))
         out += [(a + at, b + at) for a, b in spans(depth - at, -(-(depth - at) // n))]
         return out or [(0, 0)]
+
+    def even_pieces(self, depth: int) -> list[tuple[int, int]]:
+        """Copy pieces about PIECE deep (M2's and M7's quadrants where they run by pieces)."""
+        n = max(1, round(depth / PIECE))
+        return spans(depth, -(-depth // n)) if depth else [(0, 0)]
 
     def describe(self) -> str:
         return (f"strassen-winograd, one level: {len(self.row_spans)}x{len(self.col_spans)} "

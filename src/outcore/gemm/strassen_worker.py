@@ -33,6 +33,15 @@ from .worker import GemmJob, LIGHT_STREAM_CTX, REUSE_STREAMS, _device_streams
 # strassen*); beside them 0.6-1.3 ms faster there (tile-ab-h200-s28-strassen*.json).
 SIDE_ADDS = True
 
+# Whether M2 and M7 also run piece by piece as their quadrants land (S3 and T3 summed per
+# piece), as M1 does (False: they wait for whole quadrants). Where K is long beside M and
+# N (TN, 8192 x 8192 x 16384), whole quadrants left the device waiting 7.5 ms of 50
+# for M2's and M7's (gemm-trace-h200-s28-tn-strassen*).
+PIECEWISE = False
+
+
+_PIECED = ("a12", "b21", "a21", "b12", "b22")   # copied in pieces where PIECEWISE
+
 
 class _Quad:
     """One operand buffer (a quadrant of op(A) or op(B), or an S or T) on the device.
@@ -158,19 +167,23 @@ class StrassenWorker:
         shape larger than the region is padded with zeros. Returns the copies, one per
         piece, each a function that enqueues it (the caller interleaves A's and B's)."""
         L, q = self.lanes, self.quads[name]
-        # Buffer reuse: the last block's last reader of this buffer is done.
-        L.wait(L.h2d, q.free)
         op = q.shape(*shape)
         nr, nc = rspan[1] - rspan[0], cspan[1] - cspan[0]
-        if nr < shape[0] or nc < shape[1]:
-            with L.on(L.h2d):
-                op[nr:, :].zero_()
-                op[:, nc:].zero_()
         q.events = []
         depth = shape[0] if k_rows else shape[1]
-        q.spans = self.plan.pieces(depth) if name[1:] == "11" else [(0, depth)]
+        q.spans = (self.plan.pieces(depth) if name[1:] == "11" else
+                   self.plan.even_pieces(depth) if PIECEWISE and name in _PIECED else
+                   [(0, depth)])
 
         def piece(p0: int, p1: int) -> None:
+            if not q.events:
+                # Buffer reuse: the last block's last reader of this buffer is done (waited
+                # for here, at the first copy, not before the copies enqueued ahead of it)
+                L.wait(L.h2d, q.free)
+                if nr < shape[0] or nc < shape[1]:
+                    with L.on(L.h2d):
+                        op[nr:, :].zero_()
+                        op[:, nc:].zero_()
             lo, hi = p0, min(p1, nr if k_rows else nc)
             if hi > lo:
                 if k_rows:
@@ -205,21 +218,29 @@ class StrassenWorker:
         for n in names:
             self.quads[n].free = ev
 
-    def _sums(self, needs: tuple, *jobs) -> None:
-        """S and T buffers: (out, x, y, sign) -> out = x + sign * y on storage-order buffers
-        (contiguous adds whatever the host's layout), once the quadrants `needs` have
-        landed; on the side stream where SIDE_ADDS is on."""
+    def _part(self, name: str, span) -> torch.Tensor:
+        """Buffer `name` (op order), or its K range `span` (op's columns for A and S, its
+        rows for B and T)."""
+        op = self.quads[name].op
+        if span is None:
+            return op
+        return op[:, span[0]:span[1]] if name[0] in "as" else op[span[0]:span[1], :]
+
+    def _sums(self, needs, *jobs, span=None) -> None:
+        """S and T buffers (or their K range `span`): (out, x, y, sign) -> out = x + sign * y,
+        once the copies `needs` ((quadrant, piece index) pairs) have landed; on the side
+        stream where SIDE_ADDS is on."""
         Q, L = self.quads, self.lanes
         on = self.side or L.compute
-        for n in needs:
-            L.wait(on, Q[n].events[-1])   # stream wait: the quadrant has landed
+        for n, i in needs:
+            L.wait(on, Q[n].events[i])    # stream wait: that copy has landed
         if self.side is not None:
             # Buffer reuse: the last block's GEMMs that read S and T are done.
             L.wait(on, self.st_free)
         with L.on(self.side):
             for out, x, y, sign in jobs:
-                (torch.add if sign > 0 else torch.sub)(Q[x].storage, Q[y].storage,
-                                                       out=Q[out].storage)
+                (torch.add if sign > 0 else torch.sub)(
+                    self._part(x, span), self._part(y, span), out=self._part(out, span))
         if self.side is not None:
             # stream wait: the GEMMs read the sums (and the quadrants' `_freed` events,
             # recorded on compute after this, cover the side stream's reads)
@@ -249,26 +270,43 @@ class StrassenWorker:
             for piece in pair:
                 piece()
             self._mm_piece(x, Q["a11"], Q["b11"], i)
-        # the others in the order of need: M2, M7 (S3, T3), then A22 for M5 and M6
-        for n in ("a12", "b21", "a21", "b12", "b22", "a22"):
-            for piece in load(n):
-                piece()
         for n in ("s1", "s2", "s3", "s4"):
             Q[n].shape(hm, hk)
         for n in ("t1", "t2", "t3", "t4"):
             Q[n].shape(hk, hn)
-        op = {n: Q[n].op for n in Q}
         fin = _Finisher(self, acc, out, first, last)
-        self._ready("a12", "b21")
-        self._mm(out["11"], op["a12"], op["b21"])                        # M2
+        # the others in the order of need: M2, M7 (S3, T3), then A22 for M5 and M6; where
+        # PIECEWISE, M2's and M7's GEMMs (and S3's and T3's sums) between their copies
+        m2 = list(zip(load("a12"), load("b21")))
+        for i, pair in enumerate(m2 if PIECEWISE else ()):
+            for piece in pair:
+                piece()
+            self._mm_piece(out["11"], Q["a12"], Q["b21"], i)
+        m7 = list(zip(load("a21"), load("b12"), load("b22")))
+        for i, trio in enumerate(m7 if PIECEWISE else ()):
+            for piece in trio:
+                piece()
+            span = Q["a21"].spans[i]
+            self._sums((("a11", -1), ("a21", i), ("b12", i), ("b22", i)),
+                       ("s3", "a11", "a21", -1), ("t3", "b22", "b12", -1), span=span)
+            self._mm(out["21"], self._part("s3", span), self._part("t3", span), 1.0,
+                     0.0 if i == 0 else 1.0)
+        for pieces in ([] if PIECEWISE else m2 + m7) + [load("a22")]:
+            for piece in pieces:
+                piece()
+        op = {n: Q[n].op for n in Q}
+        if not PIECEWISE:
+            self._ready("a12", "b21")
+            self._mm(out["11"], op["a12"], op["b21"])                    # M2
         out["11"].add_(x)                                                # C11 = M1 + M2
         fin.quadrant("11")
-        self._sums(("a11", "a21", "b11", "b12", "b22", "b21"),
-                   ("s3", "a11", "a21", -1), ("t3", "b22", "b12", -1), ("t1", "b12", "b11", -1),
-                   ("t2", "b22", "t1", -1), ("t4", "t2", "b21", -1))
+        self._sums(tuple((n, -1) for n in ("a11", "a21", "b11", "b12", "b22", "b21")),
+                   *(() if PIECEWISE else (("s3", "a11", "a21", -1), ("t3", "b22", "b12", -1))),
+                   ("t1", "b12", "b11", -1), ("t2", "b22", "t1", -1), ("t4", "t2", "b21", -1))
         self._freed("b11", "b12", "b21")
-        self._mm(out["21"], op["s3"], op["t3"])                          # C21 = M7
-        self._sums(("a22",),
+        if not PIECEWISE:
+            self._mm(out["21"], op["s3"], op["t3"])                      # C21 = M7
+        self._sums((("a22", -1),),
                    ("s1", "a21", "a22", 1), ("s2", "s1", "a11", -1), ("s4", "a12", "s2", -1))
         self._freed("a11", "a21", "a12")
         self._mm(z, op["s1"], op["t1"])                                  # Z = M5
@@ -280,7 +318,7 @@ class StrassenWorker:
         self._mm(out["21"], op["a22"], op["t4"], -1.0, 1.0)              # C21 = U3 - M4
         self._freed("a22")
         fin.quadrant("21")
-        for r0, r1 in spans(hm, -(-hm // strassen.STRIPS)):                       # C12 = X + M3
+        for r0, r1 in spans(hm, -(-hm // strassen.STRIPS)):             # C12 = X + M3
             self._mm(x[r0:r1], op["s4"][r0:r1], op["b22"], 1.0, 1.0)
             fin.quadrant("12", (r0, r1))
         self._freed("b22")
