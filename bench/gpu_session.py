@@ -529,6 +529,15 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
                                  "train-TN-t32768-f8192-fp32", "train-TN-t65536-f8192-fp32",
                                  "train-NN-t16384-f8192-fp32", "train-NT-t16384-f8192-fp32",
                                  "fp32-16384"])],
+    # nvidia-h200 (session 28): the strassen GPU tests at HEAD, then every fp32 case of the
+    # bench (no tf32x3 rows) with strassen's M2 and M7 by pieces where the rule says so
+    "s28-fp32": [(100, PY + ["-m", "pytest", "-q", "-p", "no:warnings",
+                             "tests/gemm/test_gemm_gpu.py", "-k", "strassen"]),
+                 (280, PY + [B + "gemm.py", "--cases", ",".join(
+                     ["fp32-16384", "fp32-32768"] + [
+                         f"train-{lay}-t{t}-f{f}-fp32" for t in (16384, 32768, 65536)
+                         for f in (8192, 16384) for lay in ("NT", "NN", "TN")]),
+                     "--no-tf32x3", "--budget-s", "260", "--out", "gemm-h200-s28-fp32"])],
     # nvidia-h200 (written in session 25): tf32x3's error on Gram matrices by BIG_CHUNK
     "s26-gram": [(120, PY + [B + "diag/x3_gram.py"])],
     # nvidia-h200 (session 22): 3b-16k outcore alone, 8 measured steps each: the balance

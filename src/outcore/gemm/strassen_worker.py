@@ -22,6 +22,7 @@ from ..transfer import Lanes, host_wait
 from .arena import Arena
 from .copies import Copier
 from .mmacc import mm_acc
+from .model import Rates
 from . import strassen
 from .strassen import SLACK_BUFFERS, StrassenPlan, SuperTile, half
 from .tiles import spans
@@ -34,13 +35,22 @@ from .worker import GemmJob, LIGHT_STREAM_CTX, REUSE_STREAMS, _device_streams
 SIDE_ADDS = True
 
 # Whether M2 and M7 also run piece by piece as their quadrants land (S3 and T3 summed per
-# piece), as M1 does (False: they wait for whole quadrants). Where K is long beside M and
-# N (TN, 8192 x 8192 x 16384), whole quadrants left the device waiting 7.5 ms of 50
-# for M2's and M7's (gemm-trace-h200-s28-tn-strassen*).
-PIECEWISE = False
+# piece), as M1 does: 1 always, 0 never (whole quadrants), -1 where the planner's rates
+# (model.Rates) say M2's quadrants would land after M1's GEMM ends (_link_bound).
+# Alternating in one process (tile-ab-h200-s28-piecewise.json), by pieces against whole:
+# the TN shapes with 8192 features 1.05-1.06x faster, NN and NT 16384 x 8192 x 8192
+# 1.01-1.02x (all three by the rule), fp32-16384 0.6 ms slower of 153 (not by the rule).
+PIECEWISE = -1
 
 
 _PIECED = ("a12", "b21", "a21", "b12", "b22")   # copied in pieces where PIECEWISE
+
+
+def _link_bound(hm: int, hn: int, itemsize: int, flops: float) -> bool:
+    """Whether M2's quadrants land after M1's GEMM ends, by the planner's rates: M1's and
+    M2's quadrant pairs (hm x hk and hk x hn each) take the link longer than one GEMM takes
+    the device (everything per unit of depth hk)."""
+    return 2 * (hm + hn) * itemsize / Rates().h2d > 2.0 * hm * hn / flops
 
 
 class _Quad:
@@ -129,6 +139,7 @@ class StrassenWorker:
         self.copier = Copier(self.lanes, self.stats, 0)
         self.side = _device_streams(dev)[2] if SIDE_ADDS and dev.type == "cuda" else None
         self.st_free = None          # compute event: the last block's last reader of S, T
+        self.compute_rate = Rates().flops["fp64" if dt == torch.float64 else "fp32"]
 
     # -- one super-tile ------------------------------------------------------------------
     def _tile(self, t: SuperTile):
@@ -172,7 +183,7 @@ class StrassenWorker:
         q.events = []
         depth = shape[0] if k_rows else shape[1]
         q.spans = (self.plan.pieces(depth) if name[1:] == "11" else
-                   self.plan.even_pieces(depth) if PIECEWISE and name in _PIECED else
+                   self.plan.even_pieces(depth) if self.piecewise and name in _PIECED else
                    [(0, depth)])
 
         def piece(p0: int, p1: int) -> None:
@@ -254,6 +265,8 @@ class StrassenWorker:
         k0, k1 = kspan
         hk = half(k1 - k0)
         ks = {"1": (k0, k0 + hk), "2": (k0 + hk, k1)}
+        self.piecewise = bool(PIECEWISE) if PIECEWISE >= 0 else _link_bound(
+            hm, hn, job.c.itemsize, self.compute_rate)
         def load(n: str) -> list:
             if n[0] == "a":
                 return self._load(n, job.a, rows[n[1]], ks[n[2]], False, (hm, hk))
@@ -278,12 +291,12 @@ class StrassenWorker:
         # the others in the order of need: M2, M7 (S3, T3), then A22 for M5 and M6; where
         # PIECEWISE, M2's and M7's GEMMs (and S3's and T3's sums) between their copies
         m2 = list(zip(load("a12"), load("b21")))
-        for i, pair in enumerate(m2 if PIECEWISE else ()):
+        for i, pair in enumerate(m2 if self.piecewise else ()):
             for piece in pair:
                 piece()
             self._mm_piece(out["11"], Q["a12"], Q["b21"], i)
         m7 = list(zip(load("a21"), load("b12"), load("b22")))
-        for i, trio in enumerate(m7 if PIECEWISE else ()):
+        for i, trio in enumerate(m7 if self.piecewise else ()):
             for piece in trio:
                 piece()
             span = Q["a21"].spans[i]
@@ -291,20 +304,20 @@ class StrassenWorker:
                        ("s3", "a11", "a21", -1), ("t3", "b22", "b12", -1), span=span)
             self._mm(out["21"], self._part("s3", span), self._part("t3", span), 1.0,
                      0.0 if i == 0 else 1.0)
-        for pieces in ([] if PIECEWISE else m2 + m7) + [load("a22")]:
+        for pieces in ([] if self.piecewise else m2 + m7) + [load("a22")]:
             for piece in pieces:
                 piece()
         op = {n: Q[n].op for n in Q}
-        if not PIECEWISE:
+        if not self.piecewise:
             self._ready("a12", "b21")
             self._mm(out["11"], op["a12"], op["b21"])                    # M2
         out["11"].add_(x)                                                # C11 = M1 + M2
         fin.quadrant("11")
         self._sums(tuple((n, -1) for n in ("a11", "a21", "b11", "b12", "b22", "b21")),
-                   *(() if PIECEWISE else (("s3", "a11", "a21", -1), ("t3", "b22", "b12", -1))),
+                   *(() if self.piecewise else (("s3", "a11", "a21", -1), ("t3", "b22", "b12", -1))),
                    ("t1", "b12", "b11", -1), ("t2", "b22", "t1", -1), ("t4", "t2", "b21", -1))
         self._freed("b11", "b12", "b21")
-        if not PIECEWISE:
+        if not self.piecewise:
             self._mm(out["21"], op["s3"], op["t3"])                      # C21 = M7
         self._sums((("a22", -1),),
                    ("s1", "a21", "a22", 1), ("s2", "s1", "a11", -1), ("s4", "a12", "s2", -1))
