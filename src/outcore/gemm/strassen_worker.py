@@ -12,8 +12,6 @@ super-tiles in flight).
 
 from __future__ import annotations
 
-import contextlib
-import time
 from collections import deque
 
 import torch
@@ -24,9 +22,9 @@ from .copies import Copier
 from .mmacc import mm_acc
 from .model import Rates
 from . import strassen
-from .strassen import SLACK_BUFFERS, StrassenPlan, SuperTile, half
+from .strassen import SLACK_BUFFERS, SuperTile, half
 from .tiles import spans
-from .worker import GemmJob, LIGHT_STREAM_CTX, REUSE_STREAMS, _device_streams
+from .worker import DeviceRun, LIGHT_STREAM_CTX, REUSE_STREAMS, _device_streams
 
 # Whether the sums S1..S4 and T1..T4 run on a side stream (the conversion stream), beside
 # the GEMMs, as soon as their quadrants land (False: on the compute stream, in turn).
@@ -80,41 +78,26 @@ class _Quad:
         return self.op.t() if self.trans else self.op
 
 
-class StrassenWorker:
+class StrassenWorker(DeviceRun):
     """Runs super-tiles of `job` (its plan a StrassenPlan) on `device`."""
 
-    def __init__(self, device: torch.device, job: GemmJob, stats, progress=None):
-        self.device, self.job, self.stats = device, job, stats
-        self.plan: StrassenPlan = job.plan
-        self.progress = progress or (lambda n: None)
+    def _loop(self, pull, first: int) -> None:
+        inflight: deque = deque()
+        while True:
+            if len(inflight) >= 2:
+                # Host sync (flow control): two super-tiles queued at most, so a faster
+                # device finds the later ones unclaimed.
+                host_wait(inflight.popleft())
+            tiles = pull(1)
+            if not tiles:
+                return
+            inflight.append(self._tile(tiles[0]))
 
-    def run(self, pull, first: int = 1) -> None:
-        cuda = self.device.type == "cuda"
-        ctx = torch.cuda.device(self.device) if cuda else contextlib.nullcontext()
-        with ctx, torch.no_grad():
-            self._setup()
-            self.stats.t_ready = time.perf_counter()
-            try:
-                inflight: deque = deque()
-                while True:
-                    if len(inflight) >= 2:
-                        # Host sync (flow control): two super-tiles queued at most, so a
-                        # faster device finds the later ones unclaimed.
-                        host_wait(inflight.popleft())
-                    tiles = pull(1)
-                    if not tiles:
-                        break
-                    inflight.append(self._tile(tiles[0]))
-                self.stats.t_issued = time.perf_counter()
-            finally:
-                if cuda:
-                    # host sync: every quadrant is in host memory before the buffers go
-                    torch.cuda.synchronize(self.device)
-                self.stats.t_synced = time.perf_counter()
-                self.copier.close()
-                self.stats.device_bytes = self.arena.used
-                self.quads = self.accs = self.work = None
-                self.arena.release()
+    def _release(self) -> None:
+        """Drop the buffers and the arena (as DeviceWorker._release)."""
+        self.stats.device_bytes = self.arena.used
+        self.quads = self.accs = self.work = None
+        self.arena.release()
 
     def _setup(self) -> None:
         p, dev, dt = self.plan, self.device, self.job.c.dtype

@@ -105,8 +105,10 @@ def _device_streams(device: torch.device) -> tuple:
         return _STREAMS[index]
 
 
-class DeviceWorker(BlockLoads):
-    """Runs tiles on `device` for `job`; counts into `stats`; `progress(n)` per tile done."""
+class DeviceRun:
+    """One device's run of a product, for DeviceWorker and StrassenWorker (strassen_worker.py):
+    the device current, its stamps in `stats`, and the host sync at the end. Subclasses give
+    _setup, _loop(pull, first) and _release (which also fills stats.device_bytes)."""
 
     def __init__(self, device: torch.device, job: GemmJob, stats: DeviceStats,
                  progress=None):
@@ -114,7 +116,6 @@ class DeviceWorker(BlockLoads):
         self.plan = job.plan
         self.progress = progress or (lambda n: None)
 
-    # -- setup and the pull loop -------------------------------------------------------
     def run(self, pull, first: int = 1) -> None:
         cuda = self.device.type == "cuda"
         ctx = torch.cuda.device(self.device) if cuda else contextlib.nullcontext()
@@ -131,16 +132,21 @@ class DeviceWorker(BlockLoads):
                     torch.cuda.synchronize(self.device)
                 self.stats.t_synced = time.perf_counter()
                 self.copier.close()
-                self.stats.device_bytes = self.cache.nbytes() + sum(
-                    t.numel() * t.element_size() for t in self.accs + self.cbufs + self.landing
-                    if t is not None)
                 self._release()
+
+
+class DeviceWorker(DeviceRun, BlockLoads):
+    """Runs tiles on `device` for `job`; counts into `stats`; `progress(n)` per tile done."""
 
     def _release(self) -> None:
         """Drop every view of the arena, and the arena: its segment is free for the next
         product as soon as run() returns, even while something still refers to this worker
         (a reference cycle would keep it, and the arena with it, until a garbage collection,
         and the next product's arena would be made beside it)."""
+        if getattr(self, "cache", None) is not None:
+            self.stats.device_bytes = self.cache.nbytes() + sum(
+                t.numel() * t.element_size() for t in self.accs + self.cbufs + self.landing
+                if t is not None)
         self.cache = None
         self.accs, self.cbufs, self.landing = [], [], []
         if getattr(self, "arena", None) is not None:
