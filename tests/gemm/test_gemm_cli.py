@@ -68,3 +68,17 @@ def test_check_sampled_finds_one_wrong_entry_among_chunks(ta, tb, kind):
     worst, ratio = check_sampled(conv(a), conv(b), conv(c), init, idx, ta, tb, 2.0, -0.5,
                                  "fp64")
     assert abs(worst - 1e-3) < 1e-9 and ratio > 1
+
+
+def test_gemm_strassen_runs_and_checks(capsys):
+    """--compute strassen: a product checked against float64 within its tolerance; with
+    --tile (which it does not take) one line and exit 2."""
+    args = _parse("gemm --m 90 --n 70 --k 110 --devices cpu --compute strassen --layout TN "
+                  "--beta 0.5 --check 30")
+    assert args.func(args) == 0
+    out = capsys.readouterr().out
+    assert "strassen-winograd" in out and "check: 30 sampled entries" in out and ": ok" in out
+    args = _parse("gemm --m 40 --n 30 --k 20 --devices cpu --compute strassen --tile 8")
+    assert args.func(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert "drop tile=" in err and "\n" not in err

@@ -42,7 +42,9 @@ def register(sub) -> None:
     p.add_argument("--compute", choices=list(COMPUTE), default=None,
                    help="arithmetic (default: the dtype's own; bf16/tf32 accumulate in fp32; "
                    "tf32x3: three TF32 GEMMs of split operands, near fp32's error where sums mix "
-                   "signs, about 3x it where a sum's terms share one sign: outcore.gemm.split)")
+                   "signs, about 3x it where a sum's terms share one sign: outcore.gemm.split; "
+                   "strassen: the dtype's own arithmetic, one Strassen-Winograd level, 7 GEMMs "
+                   "of 8, a norm-wise error bound: outcore.gemm.strassen)")
     p.add_argument("--devices", default=None,
                    help="'0,1', 'cuda:0', 'cpu' ... (default: every GPU, else the CPU)")
     p.add_argument("--gpu-memory", default=None, help="per-device budget, e.g. 8GiB "

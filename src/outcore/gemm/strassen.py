@@ -16,11 +16,12 @@ rows and columns past a matrix's edge are zeros on the device) and (Winograd's v
     C22 = C21 + Z;  X += Z;  C21 -= A22 T4            (M4)
     C12 = X + S4 B22                                  (M3, in row strips)
 
-Quadrants land in the order the GEMMs need them (A22 last: only M5 on need it), so each
-C quadrant is copied out as soon as it is final (C11 after the second GEMM) while the
-next GEMMs run, and the last one goes out strip by strip: only a strip's copy is left
-after the device's last GEMM. The first GEMM runs piece by piece over K as its
-quadrants land; the others are copied whole (wide rows copy faster).
+Quadrants land in the order the GEMMs need them (A22 last: only M5 and later read it), so
+each C quadrant is copied out as soon as it is final (C11 after the second GEMM) while
+the next GEMMs run, and the last one goes out strip by strip: only a strip's copy is left
+after the device's last GEMM. The first GEMM runs piece by piece over K as its quadrants
+land; so do M2 and M7 where the link is slower than the GEMMs for the shape
+(strassen_worker.PIECEWISE); the other quadrants are copied whole (wide rows copy faster).
 
 Arithmetic: the host dtype's own (float32 or float64), no tensor-core formats. Numerics:
 not those of the classical product: the sums and differences mix the quadrants'
