@@ -146,7 +146,7 @@ class StrassenWorker(DeviceRun):
         return done
 
     def _load_c(self, acc: dict, rows: dict, cols: dict) -> None:
-        """The old C's quadrants into the accumulators (scaled by beta in _finish)."""
+        """The old C's quadrants into the accumulators (scaled by beta in _Finisher.quadrant)."""
         L = self.lanes
         for q, a in acc.items():
             (r0, r1), (c0, c1) = rows[q[0]], cols[q[1]]
