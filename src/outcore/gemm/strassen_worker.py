@@ -279,12 +279,13 @@ class StrassenWorker(DeviceRun):
                 piece()
             self._mm_piece(out["11"], Q["a12"], Q["b21"], i)
         m7 = list(zip(load("a21"), load("b12"), load("b22")))
+        s3_t3 = (("s3", "a11", "a21", -1), ("t3", "b22", "b12", -1))
         for i, trio in enumerate(m7 if self.piecewise else ()):
             for piece in trio:
                 piece()
             span = Q["a21"].spans[i]
             self._sums((("a11", -1), ("a21", i), ("b12", i), ("b22", i)),
-                       ("s3", "a11", "a21", -1), ("t3", "b22", "b12", -1), span=span)
+                       *s3_t3, span=span)
             self._mm(out["21"], self._part("s3", span), self._part("t3", span), 1.0,
                      0.0 if i == 0 else 1.0)
         for pieces in ([] if self.piecewise else m2 + m7) + [load("a22")]:
@@ -297,7 +298,7 @@ class StrassenWorker(DeviceRun):
         out["11"].add_(x)                                                # C11 = M1 + M2
         fin.quadrant("11")
         self._sums(tuple((n, -1) for n in ("a11", "a21", "b11", "b12", "b22", "b21")),
-                   *(() if self.piecewise else (("s3", "a11", "a21", -1), ("t3", "b22", "b12", -1))),
+                   *(() if self.piecewise else s3_t3),
                    ("t1", "b12", "b11", -1), ("t2", "b22", "t1", -1), ("t4", "t2", "b21", -1))
         self._freed("b11", "b12", "b21")
         if not self.piecewise:
