@@ -154,3 +154,24 @@ def test_gemms_by_copy_piece(small_quadrants, monkeypatch):
             gemms[piecewise] = st.devices[0].gemms
         # M1 by pieces either way; M2 and M7 too where PIECEWISE
         assert gemms[True] > gemms[False] > 7 + strassen.STRIPS - 1, gemms
+
+
+def test_a_linear_layer_under_strassen_matches_torch():
+    """gemm.Linear(compute="strassen"): forward, dx and dW (three layouts) against
+    torch.nn.Linear on the same weights, in float64."""
+    from outcore.gemm import Linear
+    g = torch.Generator().manual_seed(4)
+    layer = Linear(37, 29, dtype=torch.float64, devices="cpu", compute="strassen")
+    ref = torch.nn.Linear(37, 29, dtype=torch.float64)
+    with torch.no_grad():
+        ref.weight.copy_(layer.weight)
+        ref.bias.copy_(layer.bias)
+    x = torch.randn(45, 37, dtype=torch.float64, generator=g)
+    xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+    dy = torch.randn(45, 29, dtype=torch.float64, generator=g)
+    (layer(xa) * dy).sum().backward()
+    (ref(xb) * dy).sum().backward()
+    torch.testing.assert_close(layer(x), ref(x), rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(xa.grad, xb.grad, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(layer.weight.grad, ref.weight.grad, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(layer.bias.grad, ref.bias.grad)
