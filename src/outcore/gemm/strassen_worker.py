@@ -16,7 +16,7 @@ from collections import deque
 
 import torch
 
-from ..transfer import Lanes, host_wait
+from ..transfer import host_wait
 from .arena import Arena
 from .copies import Copier
 from .mmacc import mm_acc
@@ -24,7 +24,7 @@ from .model import Rates
 from . import strassen
 from .strassen import SLACK_BUFFERS, SuperTile, half
 from .tiles import spans
-from .worker import DeviceRun, LIGHT_STREAM_CTX, REUSE_STREAMS, _device_streams
+from .worker import DeviceRun, _device_streams
 
 # Whether the sums S1..S4 and T1..T4 run on a side stream (the conversion stream), beside
 # the GEMMs, as soon as their quadrants land (False: on the compute stream, in turn).
@@ -44,11 +44,11 @@ PIECEWISE = -1
 _PIECED = ("a12", "b21", "a21", "b12", "b22")   # copied in pieces where PIECEWISE
 
 
-def _link_bound(hm: int, hn: int, itemsize: int, flops: float) -> bool:
+def _link_bound(hm: int, hn: int, itemsize: int, h2d: float, flops: float) -> bool:
     """Whether M2's quadrants land after M1's GEMM ends, by the planner's rates: M1's and
     M2's quadrant pairs (hm x hk and hk x hn each) take the link longer than one GEMM takes
     the device (everything per unit of depth hk)."""
-    return 2 * (hm + hn) * itemsize / Rates().h2d > 2.0 * hm * hn / flops
+    return 2 * (hm + hn) * itemsize / h2d > 2.0 * hm * hn / flops
 
 
 class _Quad:
@@ -101,9 +101,7 @@ class StrassenWorker(DeviceRun):
 
     def _setup(self) -> None:
         p, dev, dt = self.plan, self.device, self.job.c.dtype
-        reuse = REUSE_STREAMS and dev.type == "cuda"
-        self.lanes = Lanes(dev, light=LIGHT_STREAM_CTX,
-                           copy_streams=_device_streams(dev)[:2] if reuse else None)
+        self.lanes = self._make_lanes()
         # Buffer reuse: every buffer is a view of one allocation sized by the plan.
         self.arena = Arena(dev, p.device_bytes() + Arena.slack(SLACK_BUFFERS))
         ta, tb = self.job.ta, self.job.tb
@@ -122,7 +120,8 @@ class StrassenWorker(DeviceRun):
         self.copier = Copier(self.lanes, self.stats, 0)
         self.side = _device_streams(dev)[2] if SIDE_ADDS and dev.type == "cuda" else None
         self.st_free = None          # compute event: the last block's last reader of S, T
-        self.compute_rate = Rates().flops["fp64" if dt == torch.float64 else "fp32"]
+        rates = Rates()
+        self.rates = (rates.h2d, rates.flops["fp64" if dt == torch.float64 else "fp32"])
 
     # -- one super-tile ------------------------------------------------------------------
     def _tile(self, t: SuperTile):
@@ -249,7 +248,7 @@ class StrassenWorker(DeviceRun):
         hk = half(k1 - k0)
         ks = {"1": (k0, k0 + hk), "2": (k0 + hk, k1)}
         self.piecewise = bool(PIECEWISE) if PIECEWISE >= 0 else _link_bound(
-            hm, hn, job.c.itemsize, self.compute_rate)
+            hm, hn, job.c.itemsize, *self.rates)
         def load(n: str) -> list:
             if n[0] == "a":
                 return self._load(n, job.a, rows[n[1]], ks[n[2]], False, (hm, hk))

@@ -134,6 +134,12 @@ class DeviceRun:
                 self.copier.close()
                 self._release()
 
+    def _make_lanes(self) -> Lanes:
+        """The device's streams: its kept copy streams (REUSE_STREAMS) or two new ones."""
+        reuse = REUSE_STREAMS and self.device.type == "cuda"
+        return Lanes(self.device, light=LIGHT_STREAM_CTX,
+                     copy_streams=_device_streams(self.device)[:2] if reuse else None)
+
 
 class DeviceWorker(DeviceRun, BlockLoads):
     """Runs tiles on `device` for `job`; counts into `stats`; `progress(n)` per tile done."""
@@ -175,11 +181,6 @@ class DeviceWorker(DeviceRun, BlockLoads):
         self.pspans = [p.pieces(k1 - k0) for k0, k1 in self.kspans]
         self.copier = Copier(self.lanes, self.stats, max(p.piece_numel, p.tile_m * p.tile_n))
         self.clock = DeviceClock(p.compute)
-
-    def _make_lanes(self) -> Lanes:
-        reuse = REUSE_STREAMS and self.device.type == "cuda"
-        return Lanes(self.device, light=LIGHT_STREAM_CTX,
-                     copy_streams=_device_streams(self.device)[:2] if reuse else None)
 
     def _buf(self, bufs: list, i: int, numel: int, dtype, shape) -> torch.Tensor:
         if bufs[i] is None:
