@@ -433,11 +433,17 @@ def multi_gpus(env: Env, rows: list, bar) -> None:
     for c, devs in ((one, [d0]), (every, devs_all)):
         guarded(rows, lambda: bound_row(env, c, devs), c, "bound", env)
         by_case[c.name] = guarded(rows, lambda: run_outcore(env, c, devs), c, "outcore", env)
+        if env.strassen:
+            sc = replace(c, compute="strassen")
+            by_case["s-" + c.name] = guarded(
+                rows, lambda: run_outcore(env, sc, devs, system="outcore-strassen"), sc,
+                "outcore-strassen", env)
         guarded(rows, lambda: run_cublasxt(env, c, devs), c, "cublasxt", env)
         bar.update(1)
-    r1, rn = by_case[one.name], by_case[every.name]
-    if r1.get("tflops") and rn.get("tflops"):
-        rn["speedup"] = rn["tflops"] / r1["tflops"]
+    for prefix in ("", "s-") if env.strassen else ("",):
+        r1, rn = by_case[prefix + one.name], by_case[prefix + every.name]
+        if r1.get("tflops") and rn.get("tflops"):
+            rn["speedup"] = rn["tflops"] / r1["tflops"]
     c, alone, row = slowed, [], {}
     try:
         with Hog(dslow, env.smoke):

@@ -777,6 +777,11 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
                                "gemm-h200-next"])],
     # nvidia-h200-x2: the two-GPU gemm rows (the record's are session 2's code), then the
     # gemm GPU tests with both GPUs visible
+    # session 29 on nvidia-h200-x2: the two-GPU rows with a wider median (session 14's
+    # rest on one run), strassen on two GPUs beside them, then the GPU tests (two-GPU ones)
+    "s29-x2": [(420, PY + [B + "gemm.py", "--runs", "5", "--budget-s", "360"]),
+               (170, PY + ["-m", "pytest", "-q", "-x", "-p", "no:warnings",
+                           "tests/gemm/test_gemm_gpu.py"])],
     "gemm-x2": [(300, PY + [B + "gemm.py", "--budget-s", "200"]),
                 (200, PY + ["-m", "pytest", "-q", "-x", "tests/gemm/test_gemm_gpu.py"])],
     # nvidia-h200-x2: issue 5's largest rows (merged into parallel-h200x2.json by

@@ -31,6 +31,9 @@ def test_gemm_bench_on_three_devices(tmp_path):
     three = rows["fp32-512-3gpu/outcore"]
     assert three["tflops"] > 0 and len(three["devices"]) == 3 and three["speedup"] > 0
     assert three["check_ok"]
+    s3 = rows["fp32-512-3gpu/outcore-strassen"]
+    assert s3["compute"] == "strassen" and len(s3["devices"]) == 3 and s3["check_ok"]
+    assert s3["speedup"] > 0 and rows["fp32-512-1gpu/outcore-strassen"]["check_ok"]
     slowed = rows["fp32-512-slowed/outcore"]
     assert len(slowed["devices"]) == 3 and slowed["check_ok"]
     bound = rows["fp32-512-slowed/bound"]

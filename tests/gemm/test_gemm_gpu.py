@@ -130,6 +130,20 @@ def test_two_gpus_share_the_tiles():
     assert all(d.tiles > 0 for d in st.devices)
 
 
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_strassen_on_two_gpus_splits_the_super_tiles():
+    """compute="strassen" on two GPUs: a super-tile each (odd sizes, beta), both GPUs'
+    results within a few times cuBLAS's fp32 error of the whole product."""
+    A, B, C = _data(2049, 1537, 1031, True)
+    C0 = C.clone()
+    torch.backends.cuda.matmul.allow_tf32 = False
+    ref = A.double() @ B.double() + 0.5 * C0.double()
+    worst = ((A.cuda() @ B.cuda() + 0.5 * C0.cuda()).cpu().double() - ref).abs().max().item()
+    _, st = matmul(A, B, C, beta=0.5, devices=[0, 1], compute="strassen", return_stats=True)
+    assert st.plan.startswith("strassen") and all(d.tiles > 0 for d in st.devices), st.plan
+    assert (C.double() - ref).abs().max().item() <= 6 * worst
+
+
 @pytest.mark.parametrize("transa", [False, True])
 def test_the_cpu_beside_a_gpu_takes_a_band_of_rows(transa, monkeypatch):
     # the band's size follows the host's measured rate, which moves with the machine's
