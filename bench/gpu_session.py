@@ -538,6 +538,19 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
                          f"train-{lay}-t{t}-f{f}-fp32" for t in (16384, 32768, 65536)
                          for f in (8192, 16384) for lay in ("NT", "NN", "TN")]),
                      "--no-tf32x3", "--budget-s", "260", "--out", "gemm-h200-s28-fp32"])],
+    # nvidia-h200 (session 29): the gemm GPU tests at HEAD; strassen's C12 strips of
+    # STRIP_MIN elements at least against session 28's 8 always (STRIP_MIN=1), the TN shapes
+    # with 8192 features (their 512-row strips ran at half rate) and NN 16384 x 8192 (8 ->
+    # 4 strips); fp32-32768 under budgets that cut it (super-tiles, K blocks) both ways
+    "s29-a": [(150, PY + ["-m", "pytest", "-q", "-p", "no:warnings",
+                          "tests/gemm/test_gemm_gpu.py"]),
+              (200, ["env", "TILE_AB=compute=strassen,compute=strassen+set=strassen."
+                     "STRIP_MIN=1", "TILE_AB_TAG=s29-strips"] + PY + [
+                         B + "diag/tile_ab.py", "train-TN-t16384-f8192-fp32",
+                         "train-TN-t32768-f8192-fp32", "train-NN-t16384-f8192-fp32"]),
+              (180, ["env", "TILE_AB=planner+mem=8GiB,compute=strassen+mem=8GiB,"
+                     "compute=strassen+mem=4GiB", "TILE_AB_TAG=s29-budget"] + PY + [
+                         B + "diag/tile_ab.py", "fp32-32768"])],
     # nvidia-h200 (written in session 25): tf32x3's error on Gram matrices by BIG_CHUNK
     "s26-gram": [(120, PY + [B + "diag/x3_gram.py"])],
     # nvidia-h200 (session 22): 3b-16k outcore alone, 8 measured steps each: the balance

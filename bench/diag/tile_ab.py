@@ -4,8 +4,9 @@
     TILE_AB=planner,8192x8192,4096x4096 ... (the variants)
 
 A variant is "planner" or parts joined by "+": ROWSxCOLS forces matmul(tile=),
-compute=C overrides the case's arithmetic, x3chunk=N sets split.BIG_CHUNK (tf32x3's depth
-of one call of its large term) for that variant's runs, and x3fit=EDGE:DEPTH:PEAK plans
+compute=C overrides the case's arithmetic, mem=SIZE sets gpu_memory (mem=4GiB), x3chunk=N
+sets split.BIG_CHUNK (tf32x3's depth of one call of its large term) for that variant's
+runs, and x3fit=EDGE:DEPTH:PEAK plans
 with tf32x3's kernel fit (model.KERNEL_FIT, Rates.flops) set so (each plan searched once,
 before the timed runs, like the planner's own cache), and set=MODULE.NAME=VALUE sets
 outcore.gemm.MODULE.NAME for that variant's runs (set=worker.REUSE_STREAMS=0). Each row has
@@ -69,6 +70,8 @@ def parse(variant: str) -> tuple[dict, int | None, tuple | None, dict]:
             sets[name] = float(value) if "." in value else int(value)
         elif part.startswith("compute="):
             kw["compute"] = part.split("=", 1)[1]
+        elif part.startswith("mem="):
+            kw["gpu_memory"] = part.split("=", 1)[1]
         elif part.startswith("x3chunk="):
             chunk = int(part.split("=", 1)[1])
         elif part.startswith("x3fit="):

@@ -374,11 +374,13 @@ def test_strassen_on_the_gpu_is_near_the_fp32_gemms_error(ta, tb, pinned, piecew
     beta): its largest error against float64 within a few times that of cuBLAS's fp32 GEMM
     of the whole product (one level: about 2-3x); with a budget that cuts it into
     super-tiles and K blocks, the same within the budget's reserved peak. M2 and M7 whole
-    and by copy pieces (strassen_worker.PIECEWISE), pieces of 512 after a first of 256."""
+    and by copy pieces (strassen_worker.PIECEWISE), pieces of 512 after a first of 256, C12
+    in strips."""
     from outcore.gemm import strassen, strassen_worker
     monkeypatch.setattr(strassen_worker, "PIECEWISE", piecewise)
     monkeypatch.setattr(strassen, "PIECE", 512)
     monkeypatch.setattr(strassen, "FIRST_PIECE", 256)
+    monkeypatch.setattr(strassen, "STRIP_MIN", 1 << 18)   # C12 in strips here too
     g = torch.Generator().manual_seed(11)
     m, n, k = 3001, 2047, 2561
     A = torch.rand(*((k, m) if ta else (m, k)), generator=g) * 2 - 1

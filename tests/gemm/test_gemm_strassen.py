@@ -28,8 +28,10 @@ def check_normwise(got, a64, b64, c0, alpha, beta, dtype, transa=False, transb=F
 
 @pytest.fixture
 def small_quadrants(monkeypatch):
-    """Let small budgets cut small products into super-tiles and K blocks."""
+    """Let small budgets cut small products into super-tiles and K blocks, and cut their
+    C12 into STRIPS strips."""
     monkeypatch.setattr(strassen, "MIN_HALF", 1)
+    monkeypatch.setattr(strassen, "STRIP_MIN", 1)
 
 
 @st.composite
@@ -96,15 +98,20 @@ def test_super_tiles_and_k_blocks_with_beta_and_memmaps(small_quadrants, tmp_pat
     assert stats.plan.startswith("strassen")
 
 
-def test_seven_gemms_of_eight_and_every_output_once():
+@pytest.mark.parametrize("strip_min,strips", [(1, strassen.STRIPS), (32 * 16 // 3, 3),
+                                               (32 * 16 + 1, 1)])
+def test_seven_gemms_of_eight_and_every_output_once(strip_min, strips, monkeypatch):
     """One super-tile, one K block: 7 quadrant products (the first two in copy pieces, the
-    last in row strips), 7/8 of the classical FLOPs; each element of C comes back once."""
+    last in row strips of STRIP_MIN elements at least), 7/8 of the classical FLOPs; each
+    element of C comes back once."""
+    monkeypatch.setattr(strassen, "STRIP_MIN", strip_min)
+    assert strassen.c12_strips(32, 16) == strips
     A, B = torch.randn(64, 48), torch.randn(48, 32)
     got, stats = matmul(A, B, devices="cpu", compute="strassen", return_stats=True)
     torch.testing.assert_close(got, A @ B, rtol=1e-5, atol=1e-4)
     d = stats.devices[0]
     assert d.flops == pytest.approx(7 / 8 * stats.flops)
-    assert d.gemms == 2 * 1 + 4 + strassen.STRIPS
+    assert d.gemms == 2 * 1 + 4 + strips
     assert d.d2h_bytes == 64 * 32 * 4
     assert d.h2d_bytes == (64 * 48 + 48 * 32) * 4
 

@@ -57,7 +57,19 @@ RAMP = 1.0           # each next piece this much deeper, up to PIECE (1: PIECE r
                      # fp32-16384 154 ms against 153, fp32-32768 1.16 s both, NN 16384 x
                      # 8192 42.5 against 41.7 (tile-ab-h200-s28-ramp.json)
 STRIPS = 8           # row strips of the last quadrant (C12): the copy left after the end
+STRIP_MIN = 2048 * 4096   # C12 elements a strip keeps at least (fewer strips where C12 is
+                     # small): its GEMM must fill the device. At 8 strips the TN shapes
+                     # with 8192 features ran C12's 512 x 4096 x 16384 strips at 27 TFLOP/s
+                     # against 54 for the quadrant's other GEMMs (20 of the product's 98
+                     # ms, gemm-trace-h200-s28-tn-strassen-*); 2048 x 4096 x 4096 ran at 52,
+                     # fp32-16384's 1024 x 8192 x 8192 at 53
 SLACK_BUFFERS = 40   # views of the arena (alignment), see Arena.slack
+
+
+def c12_strips(hm: int, hn: int) -> int:
+    """Row strips of an hm x hn C12: STRIPS, fewer where a strip would hold under STRIP_MIN
+    elements, at least 1."""
+    return max(1, min(STRIPS, hm * hn // STRIP_MIN))
 
 
 def half(x: int) -> int:

@@ -314,7 +314,8 @@ class StrassenWorker(DeviceRun):
         self._mm(out["21"], op["a22"], op["t4"], -1.0, 1.0)              # C21 = U3 - M4
         self._freed("a22")
         fin.quadrant("21")
-        for r0, r1 in spans(hm, -(-hm // strassen.STRIPS)):             # C12 = X + M3
+        strips = strassen.c12_strips(hm, hn)
+        for r0, r1 in spans(hm, -(-hm // strips)):                       # C12 = X + M3
             self._mm(x[r0:r1], op["s4"][r0:r1], op["b22"], 1.0, 1.0)
             fin.quadrant("12", (r0, r1))
         self._freed("b22")
