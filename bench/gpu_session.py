@@ -551,6 +551,17 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
               (180, ["env", "TILE_AB=planner+mem=8GiB,compute=strassen+mem=8GiB,"
                      "compute=strassen+mem=4GiB", "TILE_AB_TAG=s29-budget"] + PY + [
                          B + "diag/tile_ab.py", "fp32-32768"])],
+    # nvidia-h200 (session 29): STRIP_MIN 1024 x 4096 (NN 16384 x 8192 keeps its 8 strips,
+    # the TN 8192-feature shapes 4) against call s29-a's 2048 x 4096; the other
+    # capabilities' GPU tests at HEAD
+    "s29-b": [(120, ["env", "TILE_AB=compute=strassen,compute=strassen+set=strassen."
+                     "STRIP_MIN=8388608", "TILE_AB_TAG=s29-strips2"] + PY + [
+                         B + "diag/tile_ab.py", "train-TN-t16384-f8192-fp32",
+                         "train-TN-t32768-f8192-fp32", "train-TN-t65536-f8192-fp32",
+                         "train-NN-t16384-f8192-fp32"]),
+              (240, PY + ["-m", "pytest", "-q", "-p", "no:warnings", "tests/stream/test_gpu.py"]),
+              (120, PY + ["-m", "pytest", "-q", "-p", "no:warnings",
+                          "tests/swap/test_swap_cuda.py", "tests/embed/test_fused.py"])],
     # nvidia-h200 (written in session 25): tf32x3's error on Gram matrices by BIG_CHUNK
     "s26-gram": [(120, PY + [B + "diag/x3_gram.py"])],
     # nvidia-h200 (session 22): 3b-16k outcore alone, 8 measured steps each: the balance
