@@ -562,6 +562,11 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
               (240, PY + ["-m", "pytest", "-q", "-p", "no:warnings", "tests/stream/test_gpu.py"]),
               (120, PY + ["-m", "pytest", "-q", "-p", "no:warnings",
                           "tests/swap/test_swap_cuda.py", "tests/embed/test_fused.py"])],
+    # nvidia-h200 (session 29): issue 3's 3b-16k row again at HEAD, its peers in the same
+    # run (the stream GPU tests passed in s29-b)
+    "s29-3b16k": [(570, PY + [B + "stream.py", "--cases", "3b-16k", "--compiled",
+                              "--largest", "0", "--skip-tests", "--timeout", "185",
+                              "--out", "stream-h200-s29-3b16k"])],
     # nvidia-h200 (written in session 25): tf32x3's error on Gram matrices by BIG_CHUNK
     "s26-gram": [(120, PY + [B + "diag/x3_gram.py"])],
     # nvidia-h200 (session 22): 3b-16k outcore alone, 8 measured steps each: the balance
