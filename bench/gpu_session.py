@@ -567,6 +567,18 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
     "s29-3b16k": [(570, PY + [B + "stream.py", "--cases", "3b-16k", "--compiled",
                               "--largest", "0", "--skip-tests", "--timeout", "185",
                               "--out", "stream-h200-s29-3b16k"])],
+    # nvidia-h200 (session 29): the bf16 TN shapes' tiles, the planner's against wider ones
+    # it does not search (fewer than MIN_WIDE_TILES tiles: the 8192-feature shape's whole C
+    # in one tile, 24.5 ms by the model against the chosen 2 x 2's 36; measured 23.6);
+    # then the host's time before the first copy (host_setup.py)
+    "s29-tn": [(150, ["env", "TILE_AB=planner,8192x8192,4096x8192,8192x4096",
+                      "TILE_AB_TAG=s29-tn8k"] + PY + [
+                          B + "diag/tile_ab.py", "train-TN-t16384-f8192-bf16",
+                          "train-TN-t32768-f8192-bf16"]),
+               (150, ["env", "TILE_AB=planner,16384x4096,8192x16384,16384x16384",
+                      "TILE_AB_TAG=s29-tn16k"] + PY + [
+                          B + "diag/tile_ab.py", "train-TN-t16384-f16384-bf16"]),
+               (60, ["env", "HOST_SETUP_TAG=s29"] + PY + [B + "diag/host_setup.py"])],
     # nvidia-h200 (written in session 25): tf32x3's error on Gram matrices by BIG_CHUNK
     "s26-gram": [(120, PY + [B + "diag/x3_gram.py"])],
     # nvidia-h200 (session 22): 3b-16k outcore alone, 8 measured steps each: the balance
