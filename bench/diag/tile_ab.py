@@ -6,9 +6,9 @@
 A variant is "planner" or parts joined by "+": ROWSxCOLS forces matmul(tile=),
 compute=C overrides the case's arithmetic, mem=SIZE sets gpu_memory (mem=4GiB), x3chunk=N
 sets split.BIG_CHUNK (tf32x3's depth of one call of its large term) for that variant's
-runs, and x3fit=EDGE:DEPTH:PEAK plans
-with tf32x3's kernel fit (model.KERNEL_FIT, Rates.flops) set so (each plan searched once,
-before the timed runs, like the planner's own cache), and set=MODULE.NAME=VALUE sets
+runs, x3fit=EDGE:DEPTH:PEAK plans with tf32x3's kernel fit (model.KERNEL_FIT,
+Rates.flops) set so (each plan searched once, before the timed runs, like the planner's
+own cache), and set=MODULE.NAME=VALUE sets
 outcore.gemm.MODULE.NAME for that variant's runs (set=worker.REUSE_STREAMS=0). Each row has
 the host's median time before the first copy and after the device's end (ready_ms,
 after_ms: GemmStats.phases).

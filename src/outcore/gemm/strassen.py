@@ -57,13 +57,14 @@ RAMP = 1.0           # each next piece this much deeper, up to PIECE (1: PIECE r
                      # fp32-16384 154 ms against 153, fp32-32768 1.16 s both, NN 16384 x
                      # 8192 42.5 against 41.7 (tile-ab-h200-s28-ramp.json)
 STRIPS = 8           # row strips of the last quadrant (C12): the copy left after the end
-STRIP_MIN = 1024 * 4096   # C12 elements a strip keeps at least (fewer strips where C12 is
+STRIP_MIN = 1024 * 4096   # C12 elements a strip holds at least (fewer strips where C12 is
                      # small): its GEMM must fill the device. At 8 strips the TN shapes
                      # with 8192 features ran C12's 512 x 4096 x 16384 strips at 27 TFLOP/s
                      # against 54 for the quadrant's other GEMMs (20 of the product's 98
-                     # ms, gemm-trace-h200-s28-tn-strassen-*). With 2048 x 4096 strips at
-                     # least: those products 1.11x and 1.12x faster, NN 16384 x 8192 (4
-                     # strips of 2048 x 4096 for 8 of 1024) 0.99x (tile-ab-h200-s29-strips)
+                     # ms, gemm-trace-h200-s28-tn-strassen-*). At 2048 x 4096 those
+                     # products ran 1.11-1.12x faster, NN 16384 x 8192 (4 strips for 8)
+                     # 0.99x (tile-ab-h200-s29-strips.json); at 1024 x 4096 (NN keeps 8)
+                     # 1.00-1.04x faster than at 2048 x 4096 (-strips2.json)
 SLACK_BUFFERS = 40   # views of the arena (alignment), see Arena.slack
 
 
