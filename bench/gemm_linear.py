@@ -4,6 +4,7 @@
     PYTHONPATH=src python3 bench/gemm_linear.py            # 65536 x 65536 fp32 (16 GiB)
                                                           # against 8 GiB; ~1 min on an H200
     PYTHONPATH=src python3 bench/gemm_linear.py --smoke    # CPU, tiny, seconds
+    PYTHONPATH=src python3 bench/gemm_linear.py --compute strassen   # the layer's arithmetic
 
 Model: outcore.gemm.Linear(F, F) (weight on the host) -> ReLU -> torch.nn.Linear(F, 10)
 on the host; SGD on one fixed batch of T tokens. Every product of the big layer (forward
@@ -58,24 +59,30 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=4096)
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--gpu-memory", default="8GiB")
+    ap.add_argument("--compute", default=None, help="the layer's arithmetic (outcore.matmul's "
+                    "compute=: fp32 by default for fp32 data, or tf32x3, strassen, ...)")
     # 0.05 made the loss rise on the H200 (2.33 -> 28.1 in 4 steps,
     # gemm-linear-h200.json); 0.002 made it fall (gemm-linear-h200-lr002.json)
     ap.add_argument("--lr", type=float, default=0.002)
-    ap.add_argument("--smoke", action="store_true", help="CPU, 512 features, seconds")
+    ap.add_argument("--smoke", action="store_true", help="CPU, 512 features (2048 under "
+                    "strassen), seconds")
     ap.add_argument("--out", help="results name (default gemm-linear-<machine>)")
     args = ap.parse_args()
     cuda = torch.cuda.is_available() and not args.smoke
-    F, T = (512, 64) if args.smoke else (args.features, args.tokens)
-    budget = "256KiB" if args.smoke else args.gpu_memory
+    # the smoke run's layer 4x its budget; strassen's quadrants (strassen.MIN_HALF) need more
+    smoke = (2048, "4MiB") if args.compute == "strassen" else (512, "256KiB")
+    F, T = (smoke[0], 64) if args.smoke else (args.features, args.tokens)
+    budget = smoke[1] if args.smoke else args.gpu_memory
     devices = None if cuda else "cpu"
     torch.manual_seed(0)
     t0 = time.perf_counter()
-    big = Linear(F, F, gpu_memory=budget, devices=devices)
+    big = Linear(F, F, gpu_memory=budget, devices=devices, compute=args.compute)
     model = nn.Sequential(big, nn.ReLU(), nn.Linear(F, 10))
     x, target = torch.randn(T, F), torch.randint(0, 10, (T,))
     setup_s = time.perf_counter() - t0
     weight_bytes = big.weight.numel() * big.weight.element_size()
-    print(f"layer {F} x {F} fp32: {weight_bytes / 2**30:.1f} GiB on the host, budget {budget}"
+    print(f"layer {F} x {F} fp32 (compute {args.compute or 'fp32'}): "
+          f"{weight_bytes / 2**30:.1f} GiB on the host, budget {budget}"
           f" (built and pinned in {setup_s:.0f} s)", flush=True)
     ref = reference_loss(model, x, target, torch.device("cuda" if cuda else "cpu", 0))
     if cuda:
@@ -93,7 +100,8 @@ def main() -> int:
         print(f"  step {step}: {times[-1]:.2f} s loss {losses[-1]:.4f}", flush=True)
     flops = 3 * 2.0 * T * F * F
     med = statistics.median(times[1:] if len(times) > 1 else times)
-    row = {"case": f"mlp-{F}", "system": "outcore", "features": F, "tokens": T,
+    row = {"case": f"mlp-{F}", "system": "outcore", "compute": args.compute or "fp32",
+           "features": F, "tokens": T,
            "weight_gib": weight_bytes / 2**30, "gpu_memory": budget,
            "gpu_memory_bytes": parse_bytes(budget, "gpu_memory"),
            "losses": losses, "step_s": times, "median_step_s": med,

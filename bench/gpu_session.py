@@ -579,6 +579,11 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
                       "TILE_AB_TAG=s29-tn16k"] + PY + [
                           B + "diag/tile_ab.py", "train-TN-t16384-f16384-bf16"]),
                (60, ["env", "HOST_SETUP_TAG=s29"] + PY + [B + "diag/host_setup.py"])],
+    # nvidia-h200 (session 29): the 16 GiB Linear layer against 8 GiB at HEAD (last run in
+    # session 10, at 8c7c00e), and under compute="strassen"
+    "s29-linear": [(140, PY + [B + "gemm_linear.py", "--out", "gemm-linear-h200-s29"]),
+                   (140, PY + [B + "gemm_linear.py", "--compute", "strassen", "--out",
+                               "gemm-linear-h200-s29-strassen"])],
     # nvidia-h200 (written in session 25): tf32x3's error on Gram matrices by BIG_CHUNK
     "s26-gram": [(120, PY + [B + "diag/x3_gram.py"])],
     # nvidia-h200 (session 22): 3b-16k outcore alone, 8 measured steps each: the balance

@@ -4,15 +4,20 @@ first loss equals plain PyTorch's, and the results file has every figure."""
 import json
 import sys
 
+import pytest
+
 from .test_stream_append import load_stream_bench
 
 
-def test_smoke_run_writes_a_checked_row(tmp_path, monkeypatch):
+@pytest.mark.parametrize("compute", [None, "strassen"])
+def test_smoke_run_writes_a_checked_row(tmp_path, monkeypatch, compute):
     bench = load_stream_bench("gemm_linear")
     out = tmp_path / "gemm-linear.json"
-    monkeypatch.setattr(sys, "argv", ["gemm_linear.py", "--smoke", "--out", str(out)])
+    monkeypatch.setattr(sys, "argv", ["gemm_linear.py", "--smoke", "--out", str(out)]
+                        + (["--compute", compute] if compute else []))
     assert bench.main() == 0
     row = json.loads(out.read_text())["runs"][0]
+    assert row["compute"] == (compute or "fp32")
     assert row["loss_falls"] and row["losses"][-1] < row["losses"][0]
     assert row["first_loss_rel_error"] < 1e-4
     assert row["weight_gib"] * 2**30 > row["gpu_memory_bytes"]   # the layer exceeds it
