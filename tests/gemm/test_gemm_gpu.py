@@ -300,8 +300,8 @@ def test_tf32x3_is_near_the_fp32_gemms_error_where_tf32_is_far(ta, tb):
     """Against float64: compute="tf32x3" through outcore within a few times the error of
     cuBLAS's fp32 GEMM of the whole product in memory (torch.mm; 0.6-2.9x for this
     product in session 25's x3-shapes-h200.json with split.BIG_CHUNK 1024; 512 since),
-    where tf32 is far coarser; K 4096-deep blocks and a budget that evicts, so blocks are split again as
-    they come back."""
+    where tf32 is far coarser; K 4096-deep blocks and a budget that evicts, so blocks are
+    split again as they come back."""
     g = torch.Generator().manual_seed(7)
     m, n, k = 1024, 768, 16384
     A = pin_(torch.rand(*((k, m) if ta else (m, k)), generator=g) * 2 - 1)

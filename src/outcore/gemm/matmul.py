@@ -89,10 +89,11 @@ def matmul(A, B, out=None, *, transa: bool = False, transb: bool = False, alpha:
     out=None: a new matrix of A's kind (torch tensor or numpy array); beta must then be 0.
     compute: "fp64", "fp32", "tf32", "tf32x3", "bf16" or "strassen" (default: the dtype's
         own); tiles are converted on the device, bf16 and tf32 accumulate in fp32 (a CPU
-        worker runs tf32 as fp32, and bf16 as bf16 values multiplied in fp32). "tf32x3": fp32 data in
-        three TF32 GEMMs of operands split into high and low parts (split.py): on the
-        H200 1.1-1.8x the fp32 path's speed, at most its error on sums of mixed signs (0.2-
-        0.7x in session 26's record), but about 3x it on sums of one sign (a Gram matrix).
+        worker runs tf32 as fp32, and bf16 as bf16 values multiplied in fp32). "tf32x3":
+        fp32 data in three TF32 GEMMs of operands split into high and low parts
+        (split.py): on the H200 1.1-1.8x the fp32 path's speed, at most its error on sums
+        of mixed signs (0.2-0.7x in session 26's record), but about 3x it on sums of one
+        sign (a Gram matrix).
         "strassen": float32 or float64 data in its own arithmetic, one Strassen-Winograd
         level (7 GEMMs of 8, strassen.py): a norm-wise error bound, not the classical one.
     devices: None (every GPU, or the CPU when there is none), "cpu", 0, "cuda:1", "0,1"

@@ -18,8 +18,9 @@ rows and columns past a matrix's edge are zeros on the device) and (Winograd's v
 
 Quadrants land in the order the GEMMs need them (A22 last: only M5 and later read it), so
 each C quadrant is copied out as soon as it is final (C11 after the second GEMM) while
-the next GEMMs run, and the last one goes out strip by strip: only a strip's copy is left
-after the device's last GEMM. The first GEMM runs piece by piece over K as its quadrants
+the next GEMMs run, and the last one goes out strip by strip (STRIPS, fewer where a strip
+would hold under STRIP_MIN elements): only a strip's copy is left after the device's last
+GEMM. The first GEMM runs piece by piece over K as its quadrants
 land; so do M2 and M7 where the link is slower than the GEMMs for the shape
 (strassen_worker.PIECEWISE); the other quadrants are copied whole (wide rows copy faster).
 
