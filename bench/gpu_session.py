@@ -584,6 +584,15 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
     "s29-linear": [(140, PY + [B + "gemm_linear.py", "--out", "gemm-linear-h200-s29"]),
                    (140, PY + [B + "gemm_linear.py", "--compute", "strassen", "--out",
                                "gemm-linear-h200-s29-strassen"])],
+    # nvidia-h200 (session 30): 3b-16k outcore alone, 8 measured steps each: the default
+    # (8 gradients staged for the CPU AdamW at most), no cap, and no cap with rest + 10
+    # blocks fixed; then the same in the reverse order
+    "s30-staged": [(570, PY + [B + "stream_ab.py", "--variants",
+                               "balance,staged-free,staged-free-10", "--skip-tests",
+                               "--steps", "8", "--tag", "s30a"])],
+    "s30-staged2": [(570, PY + [B + "stream_ab.py", "--variants",
+                                "staged-free-10,staged-free,balance", "--skip-tests",
+                                "--steps", "8", "--tag", "s30b"])],
     # nvidia-h200 (written in session 25): tf32x3's error on Gram matrices by BIG_CHUNK
     "s26-gram": [(120, PY + [B + "diag/x3_gram.py"])],
     # nvidia-h200 (session 22): 3b-16k outcore alone, 8 measured steps each: the balance

@@ -87,6 +87,8 @@ def run_outcore(args) -> dict:
                          block_slots=args.block_slots,
                          verbose=True)
     eng.runner.tail.enabled = not args.full_recompute
+    if args.max_staged_grads is not None:   # 0: no cap (Engine.max_staged_grads = None)
+        eng.max_staged_grads = args.max_staged_grads or None
     from outcore.stream import balance
     balance.MODEL = args.balance_model   # the balance planner's model of a step
     balance.CPU_RATE = args.cpu_rate      # and the CPU rate it plans with
@@ -414,6 +416,9 @@ def main() -> None:
     ap.add_argument("--cpu-rate", default="last", choices=["last", "best"],
                     help="outcore: the CPU AdamW rate the balance planner uses, the highest "
                     "measured or the last (A/B of stream/balance.CPU_RATE)")
+    ap.add_argument("--max-staged-grads", type=int, default=None, help="outcore: gradients "
+                    "that may wait in pinned host memory for the CPU AdamW before backward "
+                    "waits (Engine.max_staged_grads; 0: no cap; default: the engine's, 8)")
     ap.add_argument("--full-recompute", action="store_true", help="outcore recomputes each "
                     "block's last projection too (A/B of stream/tail.py)")
     ap.add_argument("--profile", action="store_true", help="also profile two steps of "
@@ -453,12 +458,15 @@ def main() -> None:
              "--gpu-updates", args.gpu_updates, "--balance-model", args.balance_model,
              "--cpu-rate", args.cpu_rate, "--block-slots", str(args.block_slots),
              "--resident-mv", str(args.resident_mv)] \
+        + (["--max-staged-grads", str(args.max_staged_grads)]
+           if args.max_staged_grads is not None else []) \
         + (["--balance-head", str(args.balance_head)] if args.balance_head is not None
            else []) \
         + (["--clip", str(args.clip)] if args.clip else []) \
         + switches(args, ("profile",) + OUTCORE_SWITCHES) + model_flags(args)
     for k in ("clip", "held_gpu_updates", "update_order", "gpu_updates",
-              "balance_model", "cpu_rate", "block_slots", "resident_mv") + OUTCORE_SWITCHES \
+              "balance_model", "cpu_rate", "block_slots", "resident_mv",
+              "max_staged_grads") + OUTCORE_SWITCHES \
             + MODEL_SWITCHES:
         doc[k] = getattr(args, k)
     from outcore.stream import balance

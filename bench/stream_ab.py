@@ -82,6 +82,15 @@ VARIANTS = {  # name: bench/stream.py flags (session 5's NOTES, "Next GPU sessio
     "slots4-i-sim": ["--block-slots", "4", "--update-order", "interleave",
                      "--balance-model", "simulate"],
     "fixed-10": ["--gpu-updates", "10"],
+    # Session 30: the cap on gradients staged for the CPU AdamW (Engine.max_staged_grads,
+    # 8). Backward waits at the cap, and that wait counts as optimizer wait (0.23-0.35 s a
+    # step in session 29's 3b-16k), so the balance planner moves more AdamW to the device;
+    # without it backward runs on and the CPU works through its backlog into the next
+    # forward, whose first CPU-updated block comes after the device-updated ones. Only
+    # measured before at 1b-16k (session 7: 0.295 s against 0.299).
+    "staged16": ["--max-staged-grads", "16"],
+    "staged-free": ["--max-staged-grads", "0"],
+    "staged-free-10": ["--max-staged-grads", "0", "--gpu-updates", "10"],
 }
 
 
