@@ -593,6 +593,9 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
     "s30-staged2": [(570, PY + [B + "stream_ab.py", "--variants",
                                 "staged-free-10,staged-free,balance", "--skip-tests",
                                 "--steps", "8", "--tag", "s30b"])],
+    "s30-staged3": [(570, PY + [B + "stream_ab.py", "--variants",
+                                "staged-free,staged-free-10,balance", "--skip-tests",
+                                "--steps", "8", "--tag", "s30c"])],
     # nvidia-h200 (written in session 25): tf32x3's error on Gram matrices by BIG_CHUNK
     "s26-gram": [(120, PY + [B + "diag/x3_gram.py"])],
     # nvidia-h200 (session 22): 3b-16k outcore alone, 8 measured steps each: the balance
