@@ -170,6 +170,35 @@ def test_staged_gradients_are_capped_and_training_is_unchanged():
     assert runs[0] == runs[1]
 
 
+def test_the_staging_cap_follows_the_hosts_room(monkeypatch):
+    """Engine.max_staged_grads by default: no cap where every block's gradient fits in
+    host memory beside the rest (with validate.AUTO_COPY_MARGIN to spare), else the most
+    blocks that fit, never fewer than STAGED_GRADS; STAGED_GRADS where the host's free
+    memory is unknown or updates are held (they keep every gradient anyway)."""
+    from outcore import planner
+    from outcore.stream.engine import STAGED_GRADS
+    from outcore.stream.validate import AUTO_COPY_MARGIN
+    model = outcore.models.decoder("tiny", layers=16, vocab=96, max_seq=64)
+    n = sum(p.numel() for p in model.parameters())
+
+    def engine(available, **kw):
+        monkeypatch.setattr(planner, "host_available", lambda: available)
+        eng = outcore.Engine(model, device="cpu", **kw)
+        eng.close()
+        blocks = [g.numel for g in eng.groups[1:]]
+        return eng.max_staged_grads, max(blocks), len(blocks)
+
+    base = (8 + AUTO_COPY_MARGIN) * n   # m, v and the margin: room for no gradient yet
+    cap, block, blocks = engine(2**40)
+    assert cap is None and blocks > STAGED_GRADS + 2
+    assert engine(base + 4 * block * blocks)[0] is None
+    assert engine(base + 4 * block * blocks - 1)[0] == blocks - 1
+    assert engine(base + 4 * block * (STAGED_GRADS + 1))[0] == STAGED_GRADS + 1
+    assert engine(base)[0] == STAGED_GRADS                   # the floor
+    assert engine(None)[0] == STAGED_GRADS                   # free memory unknown
+    assert engine(2**40, max_grad_norm=1.0)[0] == STAGED_GRADS
+
+
 def test_an_engine_the_host_cannot_hold_is_refused_in_one_line(monkeypatch):
     from outcore import planner
     model = outcore.models.decoder("tiny", layers=2, vocab=96, max_seq=64)

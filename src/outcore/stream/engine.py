@@ -47,10 +47,12 @@ from .peaks import PeakWatch
 from .stash import ActivationStash
 from .stats import ComputeTimer, StepStats
 from .validate import (check_batch, check_copy_option, check_host_room, forward_kwargs,
-                       resolve_copy_option, resolve_device)
+                       resolve_copy_option, resolve_device, resolve_staged_cap)
 
 
-STAGED_GRADS = 8   # the default of Engine.max_staged_grads
+# The fewest blocks' gradients that may wait for the CPU AdamW (Engine.max_staged_grads:
+# more, or no cap, where the host has room: validate.resolve_staged_cap)
+STAGED_GRADS = 8
 
 
 class Engine(StepFlow, StepAccounting):
@@ -104,9 +106,14 @@ class Engine(StepFlow, StepAccounting):
         host_weight_copy = resolve_copy_option(self, host_weight_copy, held_gpu_updates,
                                                STAGED_GRADS)
         self.host_weight_copy = host_weight_copy   # as resolved: no "auto" left
+        shards = getattr(self, "world", 1)   # a ShardedEngine's rank holds 1/world
         check_host_room(self.groups, self.hold_updates, bool(host_weight_copy), STAGED_GRADS,
-                        shards=getattr(self, "world", 1),   # a ShardedEngine's rank: 1/world
-                        lazy=self._fill is not None)
+                        shards=shards, lazy=self._fill is not None)
+        # Gradients staged in pinned host memory for the CPU AdamW at once (None: no cap;
+        # held updates keep every gradient anyway): as many as the host has room for.
+        self.max_staged_grads: int | None = resolve_staged_cap(
+            self.groups, self.hold_updates, bool(host_weight_copy), STAGED_GRADS,
+            shards=shards, lazy=self._fill is not None)
         self.host = self._host_state()
         if hasattr(self._fill, "close"):
             self._fill.close()   # RowBlocks' threads: filling is done
@@ -143,10 +150,6 @@ class Engine(StepFlow, StepAccounting):
         self._pools += [self.stash.pool, self.edges.pool]
         self.runner = BlockRunner(self)
         self.schedule = UpdateSchedule(self._apply_update)
-        # Gradients staged in pinned host memory for the CPU AdamW at once (None: no cap;
-        # held updates keep every gradient anyway). In steady state backward stages fewer:
-        # the planner moves AdamW to the device while the CPU falls behind.
-        self.max_staged_grads: int | None = STAGED_GRADS
         self.timer = ComputeTimer(self.lanes.cuda)
         self.stats = StepStats()
         self.updater = DeviceUpdater(self)

@@ -129,6 +129,33 @@ def resolve_copy_option(engine, value, held_gpu_updates, staged: int):
     return "fused" if load(quiet=True) is not None else False
 
 
+def resolve_staged_cap(groups, hold_updates: bool, copies: bool, floor: int,
+                       shards: int = 1, lazy: bool = False) -> int | None:
+    """Engine.max_staged_grads's default: how many blocks' gradients may wait in pinned host
+    memory for the CPU AdamW before backward waits. None (no cap) where the host has room
+    for every block's at once beside the state, the copies and AUTO_COPY_MARGIN B/param to
+    spare; else the most that fit, but never fewer than `floor` (check_host_room refuses
+    the engine if even those do not fit). Backward waiting at a cap counts as optimizer wait
+    and made the device-update planner move AdamW to the device; without one the CPU works
+    its backlog off into the next forward. Session 30 on the H200 (3b-16k, three rounds in
+    rotated orders, `stream-h200-ab-s30{a,b,c}-*.json`): no cap 0.888, 0.872 and 0.880 s a
+    step against 0.951, 0.867 and 0.910 with 8."""
+    blocks = len(groups) - 1
+    if hold_updates or planner.host_available() is None or blocks <= floor:
+        return floor
+
+    def fits(staged: int) -> bool:
+        try:
+            check_host_room(groups, hold_updates, copies, staged, shards,
+                            margin=AUTO_COPY_MARGIN, lazy=lazy)
+            return True
+        except OutcoreError:
+            return False
+    if fits(blocks):
+        return None
+    return next((c for c in range(blocks - 1, floor, -1) if fits(c)), floor)
+
+
 def check_host_room(groups, hold_updates: bool, copies: bool, staged: int,
                     shards: int = 1, margin: int = 0, lazy: bool = False) -> None:
     """Refuse, before allocating, when the host cannot hold what the engine adds to the
