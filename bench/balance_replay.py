@@ -28,6 +28,21 @@ from outcore.stream import balance  # noqa: E402
 
 # planned with stream/simulate.py (session 12, before bench/stream.py recorded the model)
 SIMULATED = {"stream-h200-s12-sim.json"}
+# run at the staging cap's default since session 30 (no cap where the host has room, as
+# it has for 3b on the H200's 128 GiB) before the rows recorded the cap they ran with
+NO_CAP = {"stream-h200-s30-3b16k.json"}
+
+
+def staged_cap(r: dict, head: dict, name: str) -> int | None:
+    """The cap on staged gradients row r's planner planned with (None: none): the row's
+    `staged_grads_cap`, else its command's --max-staged-grads (0: none), else NO_CAP's or
+    the engine's fixed STAGED_GRADS of sessions 6-29."""
+    if "staged_grads_cap" in r:
+        return r["staged_grads_cap"]
+    flag = head.get("max_staged_grads")
+    if flag is not None:
+        return flag or None
+    return None if name in NO_CAP else STAGED_GRADS
 
 
 def runs(case: str = "3b-16k") -> list[dict]:
@@ -52,7 +67,8 @@ def runs(case: str = "3b-16k") -> list[dict]:
             flag = r.get("host_weight_copy")
             copies = flag in ("fused", "all", "True", True) if flag is not None else any(
                 f in head.get("command", "") for f in ("--host-weight-copy", "--fused-copy"))
-            out.append(dict(r, file=os.path.basename(path), copies=copies))
+            out.append(dict(r, file=os.path.basename(path), copies=copies,
+                            cap=staged_cap(r, head, os.path.basename(path))))
     return out
 
 
@@ -72,18 +88,19 @@ def replay(r: dict, numels: list[int]) -> list[dict]:
             rates = balance.Rates(entry["compute_s"], rate, balance.LINK_BPS)
             got[mode] = choose_from(numels, order, held, copies, rates,
                                     entry.get("kept_capacity"), grad_bytes,
-                                    bool(r.get("lazy_copies")))
+                                    bool(r.get("lazy_copies")), r["cap"])
         out.append({"file": r["file"], "step": entry["step"], "held": len(held),
                     "logged": len(held | set(entry["added"])) - len(entry["back"]),
-                    "last": len(got["last"]), "best": len(got["best"])})
+                    "last": len(got["last"]), "best": len(got["best"]), "cap": r["cap"]})
         held = (held | set(entry["added"])) - set(entry["back"])
     return out
 
 
 def choose_from(numels, order, held, copies, rates, kept, grad_bytes,
-                lazy: bool = False) -> set[int]:
-    """balance.choose as the run's planner called it (lazy: DeviceUpdater.lazy_copies)."""
-    return balance.choose(numels, order, held, copies, SLOTS, rates, STAGED_GRADS, kept or 0,
+                lazy: bool = False, cap: int | None = STAGED_GRADS) -> set[int]:
+    """balance.choose as the run's planner called it (lazy: DeviceUpdater.lazy_copies;
+    cap: Engine.max_staged_grads)."""
+    return balance.choose(numels, order, held, copies, SLOTS, rates, cap, kept or 0,
                           grad_bytes, lazy=lazy)
 
 
@@ -98,7 +115,7 @@ def main() -> int:
              "step_s": r["step_s"], "mean_step_s": r.get("window_step_s"),
              "copies": r["copies"]})
     print("later plans, replayed (groups held after each):")
-    print(common.table(rows, ["file", "step", "held", "logged", "last", "best"]))
+    print(common.table(rows, ["file", "step", "held", "logged", "last", "best", "cap"]))
     print("rows whose planner moved again:")
     print(common.table(moved, ["file", "groups", "copies", "step_s", "mean_step_s"]))
     print("rows whose planner kept its first choice:")

@@ -171,6 +171,8 @@ def run_outcore(args) -> dict:
             # the engine's copies as it resolved them ("auto": "fused" or False)
             "host_weight_copy": str(eng.host_weight_copy),
             "lazy_copies": eng.updater.lazy_copies,
+            # the staging cap as the engine resolved it (None: no cap; validate.py)
+            "staged_grads_cap": eng.max_staged_grads,
             "resident_mv_blocks": eng.updater.resident.blocks(),
             "deferred_blocks": sorted(eng.deferred.groups),
             "deferred_params": sum(eng.groups[g].numel for g in eng.deferred.groups)}

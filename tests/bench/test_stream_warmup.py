@@ -19,6 +19,7 @@ class FakeEngine:
     def __init__(self, model, **kw):
         self.n = 0
         self.host_weight_copy = kw.get("host_weight_copy")
+        self.max_staged_grads = None   # as Engine resolves it where the host has room
         self.runner = SimpleNamespace(tail=SimpleNamespace(enabled=True, skipping=lambda: []))
         tuner = SimpleNamespace(busy=lambda: self.n < self.tuning_until, log=[]) \
             if self.tuning_until else None

@@ -71,7 +71,8 @@ MODEL = "queues"
 # step (means 0.889-0.961), against 0.854-0.885 s (means 0.878-0.902) in the four that
 # kept their first choice; the runs differ in more than that (copies, threads, kept
 # weights). bench/balance_replay.py replays those later plans: with "best" none adds a
-# group. Unmeasured as a setting.
+# group with the engine's staging cap of sessions 6-29. Measured in session 22 (two rounds,
+# `stream-h200-ab-s22{a,b}-*.json`): 0.924 and 0.954 s against 0.923 and 0.939, no faster.
 CPU_RATE = "last"
 # Compute and copies overlap imperfectly: a step is (compute^K + copies^K)^(1/K), not the
 # larger of the two. K = 4 fit the 26 outcore rows of bench/results/stream-h200*.json
