@@ -209,3 +209,18 @@ def test_an_engine_the_host_cannot_hold_is_refused_in_one_line(monkeypatch):
         outcore.Engine(model, device="cpu")
     monkeypatch.setattr(planner, "host_available", lambda: 20 * n)
     outcore.Engine(model, device="cpu").close()
+
+
+def test_the_printed_plan_says_how_many_gradients_may_wait(monkeypatch):
+    from outcore import planner
+    from outcore.stream.plan import describe
+    model = outcore.models.decoder("tiny", layers=12, vocab=96, max_seq=64)
+    monkeypatch.setattr(planner, "host_available", lambda: 2**40)
+    eng = outcore.Engine(model, device="cpu")
+    assert "up to 12 blocks' gradients" in describe(eng) and "the host has room" in describe(eng)
+    eng.max_staged_grads = 8
+    assert "up to 8 blocks' gradients" in describe(eng) and "has room" not in describe(eng)
+    eng.close()
+    held = outcore.Engine(model, device="cpu", max_grad_norm=1.0)
+    assert "wait for the CPU AdamW" not in describe(held)
+    held.close()

@@ -31,6 +31,19 @@ def check_fits(engine) -> None:
             "activation; raise gpu_memory or split the model into smaller blocks")
 
 
+def _staged(engine, numels: list[int]) -> str:
+    """The host line's tail: the gradients that may wait for the CPU AdamW at once
+    (Engine.max_staged_grads, sized in fp32; none to say where updates are held)."""
+    blocks = len(numels) - 1
+    if engine.hold_updates or blocks < 1:
+        return ""
+    cap = engine.max_staged_grads
+    staged = blocks if cap is None else min(cap, blocks)
+    return (f"; up to {staged} blocks' gradients ({fmt_bytes(4 * max(numels[1:]) * staged)}) "
+            "wait for the CPU AdamW" + (", every block's: the host has room" if cap is None
+                                        else ""))
+
+
 def describe(engine) -> str:
     """A few lines: where everything lives and the bytes per parameter."""
     n = engine.num_params
@@ -44,7 +57,8 @@ def describe(engine) -> str:
         f"{' + held gradients 4 B/param' if engine.hold_updates else ''}"
         f"{' + 16-bit copies of the blocks 2 B/param' if copies else ''}"
         f"{' (written in the AdamW pass)' if copies and engine.cast_kernel else ''}"
-        f" = {fmt_bytes(n * (16 if engine.hold_updates else 12) + copies)}",
+        f" = {fmt_bytes(n * (16 if engine.hold_updates else 12) + copies)}"
+        + _staged(engine, numels),
         f"  device: {engine.device}, compute {str(engine.compute_dtype).replace('torch.', '')}, "
         f"{getattr(engine, 'block_slots', 3)} block slots + resident = "
         f"{fmt_bytes(fixed_device_bytes(engine))} fixed"
