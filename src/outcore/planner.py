@@ -171,7 +171,8 @@ class Plan:
             f"{' + held gradients 4 for clipping' if self.held_grads else ''}"
             f"{' + 16-bit weight copies 2' if self.host_copy else ''})"
             + (f" + {fmt_bytes(self.staged_grad_bytes)} of gradients waiting for the CPU "
-               "AdamW (8 blocks'; the engine stages more where the host has room)"
+               f"AdamW ({self.staged_grad_bytes // max(1, 4 * s.block_params)} blocks'; "
+               "the engine stages more where the host has room)"
                if self.staged_grad_bytes else "")
             + f" = {fmt_bytes(self.host_state_bytes)}"
             + (f" of {fmt_bytes(self.host_limit)}: {host}" if self.host_limit else ""),
