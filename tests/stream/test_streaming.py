@@ -197,6 +197,14 @@ def test_the_staging_cap_follows_the_hosts_room(monkeypatch):
     assert engine(base)[0] == STAGED_GRADS                   # the floor
     assert engine(None)[0] == STAGED_GRADS                   # free memory unknown
     assert engine(2**40, max_grad_norm=1.0)[0] == STAGED_GRADS
+    # a sharded engine's rank keeps the floor: each rank weighs its share against the
+    # whole host's free memory
+    from outcore.stream.blocks import build_groups, find_blocks
+    from outcore.stream.validate import resolve_staged_cap
+    path, container = find_blocks(model, None)
+    groups = build_groups(model, path, container)
+    assert resolve_staged_cap(groups, False, False, STAGED_GRADS) is None
+    assert resolve_staged_cap(groups, False, False, STAGED_GRADS, shards=2) == STAGED_GRADS
 
 
 def test_an_engine_the_host_cannot_hold_is_refused_in_one_line(monkeypatch):

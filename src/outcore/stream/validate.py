@@ -139,9 +139,11 @@ def resolve_staged_cap(groups, hold_updates: bool, copies: bool, floor: int,
     and made the device-update planner move AdamW to the device; without one the CPU works
     its backlog off into the next forward. Session 30 on the H200 (3b-16k, three rounds in
     rotated orders, `stream-h200-ab-s30{a,b,c}-*.json`): no cap 0.888, 0.872 and 0.880 s a
-    step against 0.951, 0.867 and 0.910 with 8."""
+    step against 0.951, 0.867 and 0.910 with 8. A sharded engine's rank (shards > 1) keeps
+    `floor`: the ranks of one host each weigh their share against the whole host's free
+    memory, and the parallel runs were measured with 8."""
     blocks = len(groups) - 1
-    if hold_updates or planner.host_available() is None or blocks <= floor:
+    if hold_updates or shards > 1 or planner.host_available() is None or blocks <= floor:
         return floor
 
     def fits(staged: int) -> bool:
