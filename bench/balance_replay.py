@@ -88,7 +88,8 @@ def replay(r: dict, numels: list[int]) -> list[dict]:
             rates = balance.Rates(entry["compute_s"], rate, balance.LINK_BPS)
             got[mode] = choose_from(numels, order, held, copies, rates,
                                     entry.get("kept_capacity"), grad_bytes,
-                                    bool(r.get("lazy_copies")), r["cap"])
+                                    bool(r.get("lazy_copies")), r["cap"],
+                                    r.get("cpu_update_order", "arrival"))
         out.append({"file": r["file"], "step": entry["step"], "held": len(held),
                     "logged": len(held | set(entry["added"])) - len(entry["back"]),
                     "last": len(got["last"]), "best": len(got["best"]), "cap": r["cap"]})
@@ -97,11 +98,13 @@ def replay(r: dict, numels: list[int]) -> list[dict]:
 
 
 def choose_from(numels, order, held, copies, rates, kept, grad_bytes,
-                lazy: bool = False, cap: int | None = STAGED_GRADS) -> set[int]:
+                lazy: bool = False, cap: int | None = STAGED_GRADS,
+                cpu_order: str = "arrival") -> set[int]:
     """balance.choose as the run's planner called it (lazy: DeviceUpdater.lazy_copies;
-    cap: Engine.max_staged_grads)."""
+    cap: Engine.max_staged_grads; cpu_order: the CPU worker's, "arrival" before session
+    31, whose rows record it as `cpu_update_order`)."""
     return balance.choose(numels, order, held, copies, SLOTS, rates, cap, kept or 0,
-                          grad_bytes, lazy=lazy)
+                          grad_bytes, lazy=lazy, cpu_order=cpu_order)
 
 
 def main() -> int:

@@ -602,6 +602,21 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
     "s30-3b16k": [(420, PY + [B + "stream.py", "--cases", "3b-16k", "--compiled",
                               "--largest", "0", "--skip-tests", "--timeout", "185",
                               "--out", "stream-h200-s30-3b16k"])],
+    # nvidia-h200 (session 31): the stream GPU tests at HEAD (the staging cap's default and
+    # the CPU worker's need order), then 3b-16k outcore alone, 8 measured steps each: the
+    # CPU AdamW taking the landed gradient the next forward needs first (the default, in
+    # the variant "balance") against the oldest first ("arrival"), both orders of the two
+    "s31-order": [(240, PY + ["-m", "pytest", "-q", "-p", "no:warnings",
+                              "tests/stream/test_gpu.py"]),
+                  (330, PY + [B + "stream_ab.py", "--variants", "balance,arrival",
+                              "--skip-tests", "--steps", "8", "--tag", "s31a"])],
+    "s31-order2": [(280, PY + [B + "stream_ab.py", "--variants", v, "--skip-tests",
+                               "--steps", "8", "--tag", tag])
+                   for v, tag in (("arrival,balance", "s31b"), ("balance,arrival", "s31c"))],
+    # nvidia-h200 (session 31): 3b-16k with its peers in one run at HEAD
+    "s31-3b16k": [(420, PY + [B + "stream.py", "--cases", "3b-16k", "--compiled",
+                              "--largest", "0", "--skip-tests", "--timeout", "185",
+                              "--out", "stream-h200-s31-3b16k"])],
     # nvidia-h200 (written in session 25): tf32x3's error on Gram matrices by BIG_CHUNK
     "s26-gram": [(120, PY + [B + "diag/x3_gram.py"])],
     # nvidia-h200 (session 22): 3b-16k outcore alone, 8 measured steps each: the balance

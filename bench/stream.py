@@ -89,6 +89,7 @@ def run_outcore(args) -> dict:
     eng.runner.tail.enabled = not args.full_recompute
     if args.max_staged_grads is not None:   # 0: no cap (Engine.max_staged_grads = None)
         eng.max_staged_grads = args.max_staged_grads or None
+    eng.schedule.order = args.cpu_order   # which staged gradient the CPU AdamW takes next
     from outcore.stream import balance
     balance.MODEL = args.balance_model   # the balance planner's model of a step
     balance.CPU_RATE = args.cpu_rate      # and the CPU rate it plans with
@@ -173,6 +174,8 @@ def run_outcore(args) -> dict:
             "lazy_copies": eng.updater.lazy_copies,
             # the staging cap as the engine resolved it (None: no cap; validate.py)
             "staged_grads_cap": eng.max_staged_grads,
+            # which staged gradient the CPU AdamW took next (stream/cpu_order.py)
+            "cpu_update_order": eng.schedule.order,
             "resident_mv_blocks": eng.updater.resident.blocks(),
             "deferred_blocks": sorted(eng.deferred.groups),
             "deferred_params": sum(eng.groups[g].numel for g in eng.deferred.groups)}
@@ -421,6 +424,9 @@ def main() -> None:
     ap.add_argument("--max-staged-grads", type=int, default=None, help="outcore: gradients "
                     "that may wait in pinned host memory for the CPU AdamW before backward "
                     "waits (Engine.max_staged_grads; 0: no cap; default: the engine's, 8)")
+    ap.add_argument("--cpu-order", default="need", choices=["need", "arrival"],
+                    help="outcore: which staged gradient the CPU AdamW takes next, the one "
+                    "the next forward needs first or the oldest (stream/cpu_order.py)")
     ap.add_argument("--full-recompute", action="store_true", help="outcore recomputes each "
                     "block's last projection too (A/B of stream/tail.py)")
     ap.add_argument("--profile", action="store_true", help="also profile two steps of "
@@ -459,7 +465,7 @@ def main() -> None:
              "--update-order", args.update_order, "--tune-trials", str(args.tune_trials),
              "--gpu-updates", args.gpu_updates, "--balance-model", args.balance_model,
              "--cpu-rate", args.cpu_rate, "--block-slots", str(args.block_slots),
-             "--resident-mv", str(args.resident_mv)] \
+             "--resident-mv", str(args.resident_mv), "--cpu-order", args.cpu_order] \
         + (["--max-staged-grads", str(args.max_staged_grads)]
            if args.max_staged_grads is not None else []) \
         + (["--balance-head", str(args.balance_head)] if args.balance_head is not None
@@ -468,7 +474,7 @@ def main() -> None:
         + switches(args, ("profile",) + OUTCORE_SWITCHES) + model_flags(args)
     for k in ("clip", "held_gpu_updates", "update_order", "gpu_updates",
               "balance_model", "cpu_rate", "block_slots", "resident_mv",
-              "max_staged_grads") + OUTCORE_SWITCHES \
+              "max_staged_grads", "cpu_order") + OUTCORE_SWITCHES \
             + MODEL_SWITCHES:
         doc[k] = getattr(args, k)
     from outcore.stream import balance

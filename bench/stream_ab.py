@@ -91,6 +91,10 @@ VARIANTS = {  # name: bench/stream.py flags (session 5's NOTES, "Next GPU sessio
     "staged16": ["--max-staged-grads", "16"],
     "staged-free": ["--max-staged-grads", "0"],
     "staged-free-10": ["--max-staged-grads", "0", "--gpu-updates", "10"],
+    # Session 31: the CPU AdamW takes the landed gradient the next forward needs first
+    # (stream/cpu_order.py, the new default), so the backlog at backward's end is the
+    # blocks the forward needs last; "arrival" is the order before it (oldest first)
+    "arrival": ["--cpu-order", "arrival"],
 }
 
 

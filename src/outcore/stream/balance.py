@@ -24,6 +24,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from .cpu_order import cpu_lateness  # noqa: F401 (the queues model's CPU term; tests use it)
+
 # Bytes per second each way while both directions run and the CPU AdamW shares host DRAM:
 # ../shared/DESIGN.md measured 88 GB/s both ways together under AdamW on the H200. At 42.5
 # the copies alone of the two copy-bound 3b-16k runs take their measured steps (23 groups:
@@ -143,50 +145,26 @@ def traffic(numels: list[int], device: set[int], copy_mode: str | None,
     return h2d, d2h, cpu
 
 
-def cpu_lateness(numels, device, step_s: float, rate: float, cap: int | None = None) -> float:
-    """Seconds by which the CPU AdamW holds up the step (a backward waiting to stage a
-    gradient, the next forward waiting for an update) in a step of `step_s`.
-
-    Time 0 is backward's start; backward takes BACKWARD_SHARE of the step and gives block
-    g's gradient at its place in n-1..1, rest's at its end. The worker updates the CPU
-    groups one at a time in that order. With `cap` (Engine.max_staged_grads) the i-th
-    CPU gradient waits until the (i - cap)-th update is done, and backward with it. The
-    next forward needs block g at its place in 1..n-1 and rest at once (so rest on the CPU
-    is always late by its update)."""
-    n, b = len(numels), BACKWARD_SHARE
-    t = late = shift = 0.0
-    done: list[float] = []
-    for g in list(range(n - 1, 0, -1)) + [0]:
-        if g in device or rate <= 0:
-            continue
-        ready = b * step_s * ((n - g) / n if g else 1.0) + shift
-        if cap and len(done) >= cap and done[-cap] > ready:
-            shift += done[-cap] - ready      # backward stalls until a staged one is done
-            ready = done[-cap]
-        t = max(t, ready) + numels[g] / rate
-        done.append(t)
-        late = max(late, t - (b * step_s + shift + (1 - b) * step_s * g / n))
-    return shift + late
-
-
 def predict(numels, device, copy_mode, n_slots, rates: Rates,
             cap: int | None = None, k: float = OVERLAP_K, kept: int = 0,
-            grad_bytes: int = 4, lazy: bool = False) -> float:
+            grad_bytes: int = 4, lazy: bool = False, cpu_order: str = "need") -> float:
     """The step's predicted seconds: compute and the longest other queue, overlapped as
     `k` says (OVERLAP_K; inf: the larger), plus what the CPU AdamW holds it up
-    (cpu_lateness; `cap`: Engine.max_staged_grads). cpu_params_per_s <= 0: the CPU is
-    not counted. kept, grad_bytes, lazy: as in traffic."""
+    (cpu_lateness; `cap`: Engine.max_staged_grads; `cpu_order`: the worker's, see
+    cpu_order.py). cpu_params_per_s <= 0: the CPU is not counted. kept, grad_bytes,
+    lazy: as in traffic."""
     h2d, d2h, cpu = traffic(numels, device, copy_mode, n_slots, kept, grad_bytes, lazy)
     rate = rates.cpu_params_per_s
     other = max(h2d / rates.link_bps, d2h / rates.link_bps, cpu / rate if rate > 0 else 0.0)
     c = rates.compute_s
     t = max(c, other) if math.isinf(k) else (c ** k + other ** k) ** (1 / k)
-    return t + cpu_lateness(numels, device, t, rate, cap)
+    return t + cpu_lateness(numels, device, t, rate, cap, cpu_order, BACKWARD_SHARE)
 
 
 def choose(numels, order: list[int], current: set[int], copy_mode, n_slots,
            rates: Rates, cap: int | None = None, kept: int = 0,
-           grad_bytes: int = 4, step=None, lazy: bool = False, floor: int = 0) -> set[int]:
+           grad_bytes: int = 4, step=None, lazy: bool = False, floor: int = 0,
+           cpu_order: str = "need") -> set[int]:
     """The prefix of `order` with the shortest predicted step (the fewest groups among
     equals, and the fewest within COMPUTE_BOUND of the compute where the best is); at
     least `floor` groups long unless that predicts FLOOR_SLACK slower (see HEAD); `current`
@@ -195,7 +173,7 @@ def choose(numels, order: list[int], current: set[int], copy_mode, n_slots,
     if step is None:
         def step(d: set[int]) -> float:
             return predict(numels, d, copy_mode, n_slots, rates, cap, kept=kept,
-                           grad_bytes=grad_bytes, lazy=lazy)
+                           grad_bytes=grad_bytes, lazy=lazy, cpu_order=cpu_order)
     preds = [step(set(order[:j])) for j in range(len(order) + 1)]
     lo, best_any = min(floor, len(order)), _shortest(preds, 0)
     j = _shortest(preds, lo)
@@ -219,7 +197,7 @@ def _shortest(preds: list[float], lo: int) -> int:
 
 
 def step_model(numels, copy_mode, n_slots, rates: Rates, cap: int | None, kept: int,
-               grad_bytes: int, lazy: bool = False):
+               grad_bytes: int, lazy: bool = False, cpu_order: str = "need"):
     """MODEL's step of a set of device groups (-> seconds). The simulation has no cap on
     staged gradients and no "device" copy mode: the queues model serves those."""
     if MODEL == "simulate" and copy_mode in (None, "all"):
@@ -229,7 +207,7 @@ def step_model(numels, copy_mode, n_slots, rates: Rates, cap: int | None, kept: 
                                   cpu_grad_bytes=grad_bytes, copies=copy_mode == "all",
                                   prefetch=n_slots - 1)
     return lambda d: predict(numels, d, copy_mode, n_slots, rates, cap, kept=kept,
-                             grad_bytes=grad_bytes, lazy=lazy)
+                             grad_bytes=grad_bytes, lazy=lazy, cpu_order=cpu_order)
 
 
 class Balancer:
@@ -260,7 +238,7 @@ class Balancer:
         order = self.u.candidates()
         kept = e.keep.capacity_blocks() if e.keep.enabled else 0
         model = step_model(numels, e.copy_mode, len(e.cache.slots), rates, cap, kept,
-                           e.stats.cpu_grad_bytes, self.u.lazy_copies)
+                           e.stats.cpu_grad_bytes, self.u.lazy_copies, e.schedule.order)
         want = choose(numels, order, self.u.groups, e.copy_mode, len(e.cache.slots), rates,
                       step=model, floor=self.floor)
         added = self.u.affordable([g for g in order if g in want and g not in self.u.groups])

@@ -149,7 +149,8 @@ class Engine(StepFlow, StepAccounting):
         self.edges = StepEdges(self.lanes, PinnedPool(pin=self.lanes.cuda))
         self._pools += [self.stash.pool, self.edges.pool]
         self.runner = BlockRunner(self)
-        self.schedule = UpdateSchedule(self._apply_update)
+        # The CPU AdamW takes the landed gradient the next forward needs first (cpu_order.py)
+        self.schedule = UpdateSchedule(self._apply_update, landed=self._grad_landed)
         self.timer = ComputeTimer(self.lanes.cuda)
         self.stats = StepStats()
         self.updater = DeviceUpdater(self)

@@ -189,6 +189,12 @@ class StepFlow:
             self._nonfinite_groups.append(g)
         return ok
 
+    @staticmethod
+    def _grad_landed(payload) -> bool:
+        """Whether a staged gradient's d2h copy has landed (an event query: no wait)."""
+        done = payload[2]
+        return done is None or done.query()
+
     def _apply_update(self, g: int, payload, scale: float) -> None:
         """Worker thread: wait for group g's gradient to land, then run AdamW on it."""
         hbuf, hsq, done = payload

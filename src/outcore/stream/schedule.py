@@ -1,9 +1,10 @@
 """When each group's optimizer update runs, relative to the device's work.
 
 Gradients arrive in backward order (last block first, `rest` last). While backward runs,
-updates run in arrival order; once backward has ended, whatever is still waiting runs in
-forward order (rest, block 1, block 2, ...), which is the order the next step's forward
-needs them. The next forward of group g waits only for g's own update (`wait(g)`).
+the worker takes the landed gradient the next forward needs first (`order` "need", the
+default) or the oldest ("arrival"); once backward has ended, whatever is still waiting runs
+in forward order (rest, block 1, block 2, ...). cpu_order.py says why. The next forward of
+group g waits only for g's own update (`wait(g)`).
 With clipping, no update can start before the global norm is known: `hold()` queues them
 until `release(scale)`.
 """
@@ -15,12 +16,19 @@ import threading
 import weakref
 from typing import Callable
 
+from .cpu_order import check_order, pick
+
 
 class UpdateSchedule:
     """A single worker thread running `fn(g, payload, scale)` for each submitted group."""
 
-    def __init__(self, fn: Callable[[int, object, float], None]):
+    def __init__(self, fn: Callable[[int, object, float], None],
+                 landed: Callable[[object], bool] | None = None, order: str = "need"):
+        """fn(g, payload, scale) runs an update; landed(payload): whether its gradient has
+        reached the host (no wait; None: always)."""
         self._fn = fn
+        self._landed = landed or (lambda payload: True)
+        self.order = check_order(order)
         self._cv = threading.Condition()
         self._queue: list[tuple[int, object]] = []
         self._done: set[int] = set()
@@ -113,9 +121,10 @@ class UpdateSchedule:
                     self._cv.wait()
                 if self._stop:
                     return
-                if self._forward_order:
-                    self._queue.sort(key=lambda t: t[0])
-                g, payload = self._queue.pop(0)
+                q = self._queue
+                i = pick([g for g, _ in q], [self._landed(p) for _, p in q], self.order,
+                         self._forward_order) if len(q) > 1 else 0
+                g, payload = q.pop(i)
                 scale = self._scale
             try:
                 self._fn(g, payload, scale)
