@@ -424,9 +424,9 @@ def main() -> None:
     ap.add_argument("--max-staged-grads", type=int, default=None, help="outcore: gradients "
                     "that may wait in pinned host memory for the CPU AdamW before backward "
                     "waits (Engine.max_staged_grads; 0: no cap; default: the engine's, 8)")
-    ap.add_argument("--cpu-order", default="need", choices=["need", "arrival"],
-                    help="outcore: which staged gradient the CPU AdamW takes next, the one "
-                    "the next forward needs first or the oldest (stream/cpu_order.py)")
+    ap.add_argument("--cpu-order", default="arrival", choices=["arrival", "need"],
+                    help="outcore: which staged gradient the CPU AdamW takes next, the oldest "
+                    "or the one the next forward needs first (stream/cpu_order.py)")
     ap.add_argument("--full-recompute", action="store_true", help="outcore recomputes each "
                     "block's last projection too (A/B of stream/tail.py)")
     ap.add_argument("--profile", action="store_true", help="also profile two steps of "

@@ -91,10 +91,13 @@ VARIANTS = {  # name: bench/stream.py flags (session 5's NOTES, "Next GPU sessio
     "staged16": ["--max-staged-grads", "16"],
     "staged-free": ["--max-staged-grads", "0"],
     "staged-free-10": ["--max-staged-grads", "0", "--gpu-updates", "10"],
-    # Session 31: the CPU AdamW takes the landed gradient the next forward needs first
-    # (stream/cpu_order.py, the new default), so the backlog at backward's end is the
-    # blocks the forward needs last; "arrival" is the order before it (oldest first)
+    # Session 31: the CPU AdamW taking the landed gradient the next forward needs first
+    # (stream/cpu_order.py), so the backlog at backward's end is the blocks the forward
+    # needs last. Its A/B ran with it as the default ("balance") against "arrival" (the
+    # oldest first): 0.888/0.930/0.882 s against 0.906/0.910/0.858, no faster; "arrival"
+    # is the default again and "need" the opt-in variant
     "arrival": ["--cpu-order", "arrival"],
+    "need": ["--cpu-order", "need"],
 }
 
 

@@ -20,7 +20,7 @@ class FakeEngine:
         self.n = 0
         self.host_weight_copy = kw.get("host_weight_copy")
         self.max_staged_grads = None   # as Engine resolves it where the host has room
-        self.schedule = SimpleNamespace(order="need")
+        self.schedule = SimpleNamespace(order="arrival")
         self.runner = SimpleNamespace(tail=SimpleNamespace(enabled=True, skipping=lambda: []))
         tuner = SimpleNamespace(busy=lambda: self.n < self.tuning_until, log=[]) \
             if self.tuning_until else None
@@ -71,7 +71,7 @@ def test_warmup_waits_for_the_planner(monkeypatch, moves_after, tuning_until, wa
                               lazy_copies=False, resident_mv=0,
                               fused_copy=False, no_host_weight_copy=False,
                               balance_model="queues", cpu_rate="last", balance_head=None,
-                              block_slots=3, max_staged_grads=None, cpu_order="need")
+                              block_slots=3, max_staged_grads=None, cpu_order="arrival")
     r = bench.run_outcore(args)
     assert r["warmup_steps"] == warmup_steps and r["plan_settled"] is settled
     assert len(r["losses"]) == warmup_steps + 5

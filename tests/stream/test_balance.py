@@ -143,7 +143,7 @@ def test_the_simulated_model_chooses_the_shortest_simulated_step(monkeypatch):
 
 
 @pytest.mark.parametrize("mode,want", [("best", [[], [], []]),
-                                       ("last", [[], [0], [0, 1, 2, 3, 4]])])
+                                       ("last", [[], [0, 1], [0, 1, 2, 3, 4]])])
 def test_the_planner_keeps_the_highest_cpu_rate_it_measured(monkeypatch, mode, want):
     """CPU_RATE = "best": a lower rate measured later (on the H200, under the copies of the
     groups already moved) moves no more groups; "last" follows it."""

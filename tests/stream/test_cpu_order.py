@@ -36,6 +36,7 @@ def test_need_order_leaves_the_backlog_the_next_forward_needs_last():
     need = lambda g: 0.7 + 0.3 * g / 7   # noqa: E731 (the next forward's need of block g)
     arrival = cpu_lateness(numels, {0}, 1.0, rate, order="arrival")
     got = cpu_lateness(numels, {0}, 1.0, rate, order="need")
+    assert cpu_lateness(numels, {0}, 1.0, rate) == arrival   # the default
     assert arrival == pytest.approx(1.6 - need(1))
     assert got == pytest.approx(1.6 - need(5))
     # and the queues model the balance planner predicts with sees the difference
@@ -100,7 +101,7 @@ def test_training_is_the_same_in_either_order():
         torch.manual_seed(0)
         eng = outcore.Engine(outcore.models.decoder("tiny", layers=6, vocab=96, max_seq=64),
                              device="cpu")
-        assert eng.schedule.order == "need"   # the default
+        assert eng.schedule.order == "arrival"   # the default
         eng.schedule.order = order
         step, ran = eng.opt.step, []
 

@@ -147,7 +147,7 @@ def traffic(numels: list[int], device: set[int], copy_mode: str | None,
 
 def predict(numels, device, copy_mode, n_slots, rates: Rates,
             cap: int | None = None, k: float = OVERLAP_K, kept: int = 0,
-            grad_bytes: int = 4, lazy: bool = False, cpu_order: str = "need") -> float:
+            grad_bytes: int = 4, lazy: bool = False, cpu_order: str = "arrival") -> float:
     """The step's predicted seconds: compute and the longest other queue, overlapped as
     `k` says (OVERLAP_K; inf: the larger), plus what the CPU AdamW holds it up
     (cpu_lateness; `cap`: Engine.max_staged_grads; `cpu_order`: the worker's, see
@@ -164,7 +164,7 @@ def predict(numels, device, copy_mode, n_slots, rates: Rates,
 def choose(numels, order: list[int], current: set[int], copy_mode, n_slots,
            rates: Rates, cap: int | None = None, kept: int = 0,
            grad_bytes: int = 4, step=None, lazy: bool = False, floor: int = 0,
-           cpu_order: str = "need") -> set[int]:
+           cpu_order: str = "arrival") -> set[int]:
     """The prefix of `order` with the shortest predicted step (the fewest groups among
     equals, and the fewest within COMPUTE_BOUND of the compute where the best is); at
     least `floor` groups long unless that predicts FLOOR_SLACK slower (see HEAD); `current`
@@ -197,7 +197,7 @@ def _shortest(preds: list[float], lo: int) -> int:
 
 
 def step_model(numels, copy_mode, n_slots, rates: Rates, cap: int | None, kept: int,
-               grad_bytes: int, lazy: bool = False, cpu_order: str = "need"):
+               grad_bytes: int, lazy: bool = False, cpu_order: str = "arrival"):
     """MODEL's step of a set of device groups (-> seconds). The simulation has no cap on
     staged gradients and no "device" copy mode: the queues model serves those."""
     if MODEL == "simulate" and copy_mode in (None, "all"):

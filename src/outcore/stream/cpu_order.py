@@ -5,15 +5,22 @@ forward needs the updates in the other order (rest, block 1, block 2, ...). Wher
 AdamW cannot keep up with backward, a backlog forms, and which of it the worker takes
 first decides what is left when backward ends:
 
-  "arrival"  the oldest staged gradient first (the default until session 31). The backlog
-             left at backward's end is the lowest blocks, the first the next forward needs:
-             its first CPU-updated block waits for all of it.
-  "need"     (the default) the landed gradient the next forward needs first: the lowest
-             group. The backlog left is the highest blocks, needed last, so the forward's
-             own time before them covers part of it.
+  "arrival"  (the default) the oldest staged gradient first. The backlog left at
+             backward's end is the lowest blocks, the first the next forward needs: its
+             first CPU-updated block waits for all of it.
+  "need"     (opt-in) the landed gradient the next forward needs first: the lowest group.
+             The backlog left is the highest blocks, needed last, so the forward's own
+             time before them covers part of it.
 
 Either way, once backward has ended the worker takes what is left in forward order. The
 amount of CPU work is the same; only where its lateness falls differs.
+
+Measured in session 31 on the H200 at 3b-16k (outcore alone, three rounds in both orders,
+bench/results/stream-h200-ab-s31{a,b,c}-*.json): "need" 0.888, 0.930, 0.882 s a step,
+"arrival" 0.906, 0.910, 0.858: no faster. It shortened the CPU's wait (0.06-0.07 s against
+0.12-0.13 at the same device groups) but not the step, which follows the device groups the
+planner chose (1.33-1.56B params) and the host memory the CPU AdamW shares with the copies.
+So "arrival" stays the default.
 """
 
 from __future__ import annotations
@@ -43,15 +50,15 @@ def pick(groups: list[int], landed: list[bool], order: str, backward_over: bool)
 
 
 def cpu_lateness(numels, device, step_s: float, rate: float, cap: int | None = None,
-                 order: str = "need", backward_share: float = 0.7) -> float:
+                 order: str = "arrival", backward_share: float = 0.7) -> float:
     """Seconds by which the CPU AdamW holds up the step (a backward waiting to stage a
     gradient, the next forward waiting for an update) in a step of `step_s`.
 
     numels[g]: group g's params (0: rest); device: the groups updated on the device.
     Time 0 is backward's start; backward takes `backward_share` of the step and gives block
     g's gradient at its place in n-1..1, rest's at its end. The worker runs one update at a
-    time, chosen by `pick` in "need" order ("arrival": the model the planner used before
-    session 31, arrival order throughout; see _arrival_lateness). With `cap` (Engine.max_staged_grads) the i-th CPU
+    time, chosen by `pick` in "need" order ("arrival": the planner's model since session
+    8, arrival order throughout; see _arrival_lateness). With `cap` (Engine.max_staged_grads) the i-th CPU
     gradient waits until i - cap + 1 updates are done, and backward with it. The next
     forward needs block g at its place in 1..n-1 and rest at once (so rest on the CPU is
     always late by its update)."""
@@ -92,10 +99,10 @@ def cpu_lateness(numels, device, step_s: float, rate: float, cap: int | None = N
 
 def _arrival_lateness(numels, device, step_s: float, rate: float, cap: int | None,
                       b: float) -> float:
-    """cpu_lateness as the planner modelled the "arrival" order until session 31 (kept so
-    that bench/balance_replay.py replays the plans of those runs): every update in arrival
-    order, also those left when backward ends (which the engine ran in forward order), and
-    each block's need shifted by backward's stall up to its update."""
+    """cpu_lateness in the "arrival" order, the planner's model since session 8 (which
+    bench/balance_replay.py replays): every update in arrival order, also those left when
+    backward ends (which the engine runs in forward order: a little pessimistic), and each
+    block's need shifted by backward's stall up to its update."""
     n = len(numels)
     t = late = shift = 0.0
     done: list[float] = []

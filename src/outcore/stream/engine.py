@@ -149,7 +149,7 @@ class Engine(StepFlow, StepAccounting):
         self.edges = StepEdges(self.lanes, PinnedPool(pin=self.lanes.cuda))
         self._pools += [self.stash.pool, self.edges.pool]
         self.runner = BlockRunner(self)
-        # The CPU AdamW takes the landed gradient the next forward needs first (cpu_order.py)
+        # schedule.order: which staged gradient the CPU AdamW takes next (cpu_order.py)
         self.schedule = UpdateSchedule(self._apply_update, landed=self._grad_landed)
         self.timer = ComputeTimer(self.lanes.cuda)
         self.stats = StepStats()

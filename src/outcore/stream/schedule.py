@@ -1,8 +1,8 @@
 """When each group's optimizer update runs, relative to the device's work.
 
 Gradients arrive in backward order (last block first, `rest` last). While backward runs,
-the worker takes the landed gradient the next forward needs first (`order` "need", the
-default) or the oldest ("arrival"); once backward has ended, whatever is still waiting runs
+the worker takes the oldest (`order` "arrival", the default) or the landed gradient the
+next forward needs first ("need", opt-in); once backward has ended, whatever is still waiting runs
 in forward order (rest, block 1, block 2, ...). cpu_order.py says why. The next forward of
 group g waits only for g's own update (`wait(g)`).
 With clipping, no update can start before the global norm is known: `hold()` queues them
@@ -23,7 +23,7 @@ class UpdateSchedule:
     """A single worker thread running `fn(g, payload, scale)` for each submitted group."""
 
     def __init__(self, fn: Callable[[int, object, float], None],
-                 landed: Callable[[object], bool] | None = None, order: str = "need"):
+                 landed: Callable[[object], bool] | None = None, order: str = "arrival"):
         """fn(g, payload, scale) runs an update; landed(payload): whether its gradient has
         reached the host (no wait; None: always)."""
         self._fn = fn

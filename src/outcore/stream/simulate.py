@@ -16,8 +16,7 @@ model plays one step on four resources, block by block:
            after its backward; a block's backward waits until the gradient buffer it
            reuses (a ring of RING) has been copied out
   cpu      the CPU AdamW of each CPU group once its gradient is on the host, in arrival
-           order (the engine's order until session 31; it now takes the group the next
-           forward needs first, cpu_order.py); the next forward's load of a CPU group
+           order (the engine's default; cpu_order.py has the opt-in "need" order); the next forward's load of a CPU group
            waits for its update
 
 It plays STEPS steps (the CPU's and the links' backlog carries over) and returns the last
