@@ -616,10 +616,10 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
     # nvidia-h200 (session 31, "arrival" the default again): 3b-64k outcore alone at the
     # staging cap's default (not run since session 30 lifted it), then 3b-16k with its
     # peers in one run at HEAD
-    "s31-final": [(200, PY + [B + "stream.py", "--cases", "3b-64k", "--systems", "outcore",
+    "s31-final": [(220, PY + [B + "stream.py", "--cases", "3b-64k", "--systems", "outcore",
                               "--compiled", "--largest", "0", "--skip-tests", "--timeout",
                               "190", "--out", "stream-h200-s31-64k"]),
-                  (370, PY + [B + "stream.py", "--cases", "3b-16k", "--compiled",
+                  (350, PY + [B + "stream.py", "--cases", "3b-16k", "--compiled",
                               "--largest", "0", "--skip-tests", "--timeout", "160",
                               "--out", "stream-h200-s31-3b16k"])],
     # nvidia-h200 (written in session 25): tf32x3's error on Gram matrices by BIG_CHUNK
