@@ -622,6 +622,15 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
                   (350, PY + [B + "stream.py", "--cases", "3b-16k", "--compiled",
                               "--largest", "0", "--skip-tests", "--timeout", "160",
                               "--out", "stream-h200-s31-3b16k"])],
+    # the same after the machine was taken back mid-call, in the device time left:
+    # 3b-64k outcore alone, then 3b-16k outcore and in-memory PyTorch (no FSDP2)
+    "s31-short": [(190, PY + [B + "stream.py", "--cases", "3b-64k", "--systems", "outcore",
+                              "--compiled", "--largest", "0", "--skip-tests", "--timeout",
+                              "175", "--out", "stream-h200-s31-64k"]),
+                  (170, PY + [B + "stream.py", "--cases", "3b-16k", "--systems",
+                              "outcore,pytorch", "--compiled", "--largest", "0",
+                              "--skip-tests", "--timeout", "110", "--out",
+                              "stream-h200-s31-3b16k"])],
     # nvidia-h200 (written in session 25): tf32x3's error on Gram matrices by BIG_CHUNK
     "s26-gram": [(120, PY + [B + "diag/x3_gram.py"])],
     # nvidia-h200 (session 22): 3b-16k outcore alone, 8 measured steps each: the balance
