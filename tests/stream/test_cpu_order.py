@@ -30,7 +30,7 @@ def test_need_order_leaves_the_backlog_the_next_forward_needs_last():
     """Six CPU blocks of 0.25 s against a gradient every 0.1 s of backward's 0.7 s (a 1 s
     step, rest on the device). In need order the worker runs 6, 4, 2, then (backward over)
     1, 3, 5: block 5, the next forward's fifth, ends at 1.6 s. The "arrival" model (the
-    planner's until session 31) runs 6, 5, ..., 1: block 1, the first, ends at 1.6 s."""
+    planner's default) runs 6, 5, ..., 1: block 1, the first, ends at 1.6 s."""
     numels = [K] * 7
     rate = K / 0.25
     need = lambda g: 0.7 + 0.3 * g / 7   # noqa: E731 (the next forward's need of block g)
@@ -89,6 +89,10 @@ def test_the_worker_runs_what_the_forward_needs_first():
 def test_an_unknown_order_is_refused():
     with pytest.raises(OutcoreError, match="not one of need, arrival"):
         UpdateSchedule(lambda *a: None, order="fifo")
+    sched = UpdateSchedule(lambda *a: None)
+    with pytest.raises(OutcoreError, match="not one of need, arrival"):
+        sched.order = "lifo"
+    sched.close()
 
 
 def test_training_is_the_same_in_either_order():

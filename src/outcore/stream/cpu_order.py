@@ -58,10 +58,10 @@ def cpu_lateness(numels, device, step_s: float, rate: float, cap: int | None = N
     Time 0 is backward's start; backward takes `backward_share` of the step and gives block
     g's gradient at its place in n-1..1, rest's at its end. The worker runs one update at a
     time, chosen by `pick` in "need" order ("arrival": the planner's model since session
-    8, arrival order throughout; see _arrival_lateness). With `cap` (Engine.max_staged_grads) the i-th CPU
-    gradient waits until i - cap + 1 updates are done, and backward with it. The next
-    forward needs block g at its place in 1..n-1 and rest at once (so rest on the CPU is
-    always late by its update)."""
+    8, arrival order throughout; see _arrival_lateness). With `cap`
+    (Engine.max_staged_grads) the i-th CPU gradient waits until i - cap + 1 updates are
+    done, and backward with it. The next forward needs block g at its place in 1..n-1 and
+    rest at once (so rest on the CPU is always late by its update)."""
     if order == "arrival":
         return _arrival_lateness(numels, device, step_s, rate, cap, backward_share)
     n, b = len(numels), backward_share

@@ -2,9 +2,9 @@
 
 Gradients arrive in backward order (last block first, `rest` last). While backward runs,
 the worker takes the oldest (`order` "arrival", the default) or the landed gradient the
-next forward needs first ("need", opt-in); once backward has ended, whatever is still waiting runs
-in forward order (rest, block 1, block 2, ...). cpu_order.py says why. The next forward of
-group g waits only for g's own update (`wait(g)`).
+next forward needs first ("need", opt-in); once backward has ended, whatever is still
+waiting runs in forward order (rest, block 1, block 2, ...). cpu_order.py says why. The
+next forward of group g waits only for g's own update (`wait(g)`).
 With clipping, no update can start before the global norm is known: `hold()` queues them
 until `release(scale)`.
 """
@@ -53,6 +53,15 @@ class UpdateSchedule:
                 sched._drain_at_exit()
         self._at_exit = at_exit
         atexit.register(at_exit)
+
+    @property
+    def order(self) -> str:
+        """Which staged gradient the worker takes next: "arrival" or "need" (cpu_order.py)."""
+        return self._order
+
+    @order.setter
+    def order(self, value: str) -> None:
+        self._order = check_order(value)
 
     def begin_backward(self, hold: bool) -> None:
         """A new backward starts; with `hold`, updates wait for `release()`."""

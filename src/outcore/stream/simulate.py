@@ -16,8 +16,8 @@ model plays one step on four resources, block by block:
            after its backward; a block's backward waits until the gradient buffer it
            reuses (a ring of RING) has been copied out
   cpu      the CPU AdamW of each CPU group once its gradient is on the host, in arrival
-           order (the engine's default; cpu_order.py has the opt-in "need" order); the next forward's load of a CPU group
-           waits for its update
+           order (the engine's default; cpu_order.py has the opt-in "need" order); the
+           next forward's load of a CPU group waits for its update
 
 It plays STEPS steps (the CPU's and the links' backlog carries over) and returns the last
 step's length. Like balance.predict it uses each direction's rate under load (LINK_BPS);
