@@ -25,12 +25,13 @@ So "arrival" stays the default.
 
 from __future__ import annotations
 
+from ..errors import OutcoreError
+
 ORDERS = ("need", "arrival")
 
 
 def check_order(order: str) -> str:
     if order not in ORDERS:
-        from ..errors import OutcoreError
         raise OutcoreError(f"cpu update order {order!r} is not one of {', '.join(ORDERS)}")
     return order
 

@@ -28,7 +28,7 @@ class UpdateSchedule:
         reached the host (no wait; None: always)."""
         self._fn = fn
         self._landed = landed or (lambda payload: True)
-        self.order = check_order(order)
+        self.order = order   # checked by the setter
         self._cv = threading.Condition()
         self._queue: list[tuple[int, object]] = []
         self._done: set[int] = set()
@@ -131,8 +131,13 @@ class UpdateSchedule:
                 if self._stop:
                     return
                 q = self._queue
-                i = pick([g for g, _ in q], [self._landed(p) for _, p in q], self.order,
-                         self._forward_order) if len(q) > 1 else 0
+                i = 0
+                if len(q) > 1:
+                    # only the need order during backward asks which copies have landed
+                    # (an event query each): the default order takes the oldest
+                    ask = self.order == "need" and not self._forward_order
+                    landed = [self._landed(p) if ask else True for _, p in q]
+                    i = pick([g for g, _ in q], landed, self.order, self._forward_order)
                 g, payload = q.pop(i)
                 scale = self._scale
             try:
