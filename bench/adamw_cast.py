@@ -9,6 +9,10 @@ Three ways to update one flat group of fp32 params on the host, every core at wo
   fused+cast  the same, then the cast to a bf16 copy (host_weight_copy=True)
   one-pass    stream/cast_kernel.py: the update writes the copy as it goes
                  (host_weight_copy="fused")
+  one-pass-nt the same, the copy written by non-temporal stores (cast_kernel.STREAM_STORES)
+--copies runs every way a second time while a thread keeps pinned copies of 1 GiB going
+to and from the GPU on two streams, as the engine's copies share host memory with its
+CPU AdamW (those rows are named "<way>+copies" and record the copies' GB/s meanwhile).
 Median of --reps timed runs after one warm-up each, in G params/s. Writes
 bench/results/adamw-cast-<machine>.json (the rates, the kernel's build time) and prints a
 table. No GPU is used: on a GPU machine it measures that machine's host.
@@ -19,6 +23,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import threading
 import time
 
 # --thp: torch's CPU allocations of 2 MiB and more on transparent huge pages. libc10 reads
@@ -36,12 +41,65 @@ from outcore.stream import cast_kernel  # noqa: E402
 from outcore.stream.optimizer import _adamw  # noqa: E402
 
 
+def time_way(name: str, fn, n: int, reps: int) -> dict:
+    """Median of `reps` timed calls of fn after one untimed."""
+    fn()
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    s = common.median(times)
+    return {"way": name, "params": n, "median_s": s, "params_per_s": n / s,
+            "threads": torch.get_num_threads()}
+
+
+class Copies:
+    """A thread copying 1 GiB pinned buffers host->GPU and GPU->host on two streams, on
+    and on, until the `with` block ends; rate(): GB/s both ways since the last call."""
+
+    def __init__(self, nbytes: int = 1 << 30):
+        self.h = [torch.empty(nbytes, dtype=torch.uint8).pin_memory() for _ in range(2)]
+        self.d = [torch.empty(nbytes, dtype=torch.uint8, device="cuda") for _ in range(2)]
+        self.streams = [torch.cuda.Stream() for _ in range(2)]
+        self.moved, self.stop, self.since = 0, False, time.perf_counter()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        while not self.stop:
+            with torch.cuda.stream(self.streams[0]):
+                self.d[0].copy_(self.h[0], non_blocking=True)
+            with torch.cuda.stream(self.streams[1]):
+                self.h[1].copy_(self.d[1], non_blocking=True)
+            # host sync: one pair of copies in flight at a time, so `moved` counts bytes
+            # that crossed, not bytes queued
+            torch.cuda.synchronize()
+            self.moved += 2 * self.h[0].numel()
+
+    def rate(self) -> float:
+        now, moved = time.perf_counter(), self.moved
+        self.moved, self.since, dt = 0, now, now - self.since
+        return moved / dt / 1e9
+
+    def __enter__(self):
+        self.thread.start()
+        time.sleep(0.5)   # the copies under way before the first timed pass
+        self.rate()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop = True
+        self.thread.join()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--params", type=float, default=200e6)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--out", default=None, help="results name or path (default: "
                     "adamw-cast-<machine>)")
+    ap.add_argument("--copies", action="store_true", help="also time each way beside "
+                    "host<->GPU copies both ways (needs CUDA)")
     ap.add_argument("--thp", action="store_true", help="torch's buffers on transparent huge "
                     "pages (THP_MEM_ALLOC_ENABLE=1)")
     args = ap.parse_args()
@@ -62,25 +120,19 @@ def main() -> int:
         fused()
         out.copy_(p)
 
-    def one_pass():
-        cast_kernel.step_cast(mod, p, g, m, v, out, step=int(step) + 1, **kw)
+    def one_pass(stream: bool = False):
+        cast_kernel.step_cast(mod, p, g, m, v, out, step=int(step) + 1, stream=stream, **kw)
 
     ways = [("fused", fused), ("fused+cast", fused_cast)]
     if mod is not None:
-        ways.append(("one-pass", one_pass))
-    rows = []
-    for name, fn in ways:
-        fn()
-        times = []
-        for _ in range(args.reps):
-            t = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t)
-        s = common.median(times)
-        rows.append({"way": name, "params": n, "median_s": s, "params_per_s": n / s,
-                     "threads": torch.get_num_threads()})
-    base = rows[0]["params_per_s"]
+        ways += [("one-pass", one_pass), ("one-pass-nt", lambda: one_pass(True))]
+    rows = [time_way(name, fn, n, args.reps) for name, fn in ways]
+    if args.copies:
+        with Copies() as c:
+            rows += [dict(time_way(name + "+copies", fn, n, args.reps), copies_gbps=c.rate())
+                     for name, fn in ways]
     for r in rows:
+        base = rows[0 if "+copies" not in r["way"] else len(ways)]["params_per_s"]
         r["vs_fused"] = r["params_per_s"] / base
     doc = common.header("adamw-cast")
     doc["runs"] = rows
@@ -95,7 +147,7 @@ def main() -> int:
     name = common.out_path(args.out, f"adamw-cast-{common.machine_name()}")
     print(common.write(doc, name))
     print(common.table(rows, ["way", "params", "median_s", "params_per_s", "vs_fused",
-                              "threads"]))
+                              "threads", "copies_gbps"]))
     return 0
 
 

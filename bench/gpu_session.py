@@ -631,6 +631,23 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
                               "outcore,pytorch", "--compiled", "--largest", "0",
                               "--skip-tests", "--timeout", "110", "--out",
                               "stream-h200-s31-3b16k"])],
+    # nvidia-h200 (session 32): the CPU AdamW pass writing the bf16 copies by non-temporal
+    # stores (cast_kernel.STREAM_STORES): its rate alone and beside copies both ways, then
+    # 3b-16k outcore alone, 8 measured steps, the default ("balance") against "nt"
+    "s32-nt": [(150, PY + [B + "adamw_cast.py", "--copies", "--out", "adamw-cast-h200-s32"]),
+               (330, PY + [B + "stream_ab.py", "--variants", "balance,nt", "--skip-tests",
+                           "--steps", "8", "--tag", "s32a"])],
+    "s32-nt2": [(280, PY + [B + "stream_ab.py", "--variants", v, "--skip-tests",
+                            "--steps", "8", "--tag", tag])
+                for v, tag in (("nt,balance", "s32b"), ("balance,nt", "s32c"))],
+    # 3b-64k outcore alone with room for a fresh machine's first compile (session 31's run
+    # timed out at 175 s), then 3b-16k with its peers, both at HEAD
+    "s32-final": [(250, PY + [B + "stream.py", "--cases", "3b-64k", "--systems", "outcore",
+                              "--compiled", "--largest", "0", "--skip-tests", "--timeout",
+                              "240", "--out", "stream-h200-s32-64k"]),
+                  (330, PY + [B + "stream.py", "--cases", "3b-16k", "--compiled",
+                              "--largest", "0", "--skip-tests", "--timeout", "150",
+                              "--out", "stream-h200-s32-3b16k"])],
     # nvidia-h200 (written in session 25): tf32x3's error on Gram matrices by BIG_CHUNK
     "s26-gram": [(120, PY + [B + "diag/x3_gram.py"])],
     # nvidia-h200 (session 22): 3b-16k outcore alone, 8 measured steps each: the balance

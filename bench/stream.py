@@ -90,6 +90,8 @@ def run_outcore(args) -> dict:
     if args.max_staged_grads is not None:   # 0: no cap (Engine.max_staged_grads = None)
         eng.max_staged_grads = args.max_staged_grads or None
     eng.schedule.order = args.cpu_order   # which staged gradient the CPU AdamW takes next
+    from outcore.stream import cast_kernel   # how the AdamW pass writes the bf16 copies
+    cast_kernel.STREAM_STORES = args.copy_stores == "stream"
     from outcore.stream import balance
     balance.MODEL = args.balance_model   # the balance planner's model of a step
     balance.CPU_RATE = args.cpu_rate      # and the CPU rate it plans with
@@ -176,6 +178,8 @@ def run_outcore(args) -> dict:
             "staged_grads_cap": eng.max_staged_grads,
             # which staged gradient the CPU AdamW took next (stream/cpu_order.py)
             "cpu_update_order": eng.schedule.order,
+            # the bf16 copies written by non-temporal stores (stream/cast_kernel.py)
+            "copy_stream_stores": cast_kernel.STREAM_STORES,
             "resident_mv_blocks": eng.updater.resident.blocks(),
             "deferred_blocks": sorted(eng.deferred.groups),
             "deferred_params": sum(eng.groups[g].numel for g in eng.deferred.groups)}
@@ -427,6 +431,9 @@ def main() -> None:
     ap.add_argument("--cpu-order", default="arrival", choices=["arrival", "need"],
                     help="outcore: which staged gradient the CPU AdamW takes next, the oldest "
                     "or the one the next forward needs first (stream/cpu_order.py)")
+    ap.add_argument("--copy-stores", default="cached", choices=["cached", "stream"],
+                    help="outcore: the CPU AdamW pass writes the bf16 copies by ordinary or "
+                    "non-temporal stores (stream/cast_kernel.STREAM_STORES)")
     ap.add_argument("--full-recompute", action="store_true", help="outcore recomputes each "
                     "block's last projection too (A/B of stream/tail.py)")
     ap.add_argument("--profile", action="store_true", help="also profile two steps of "
@@ -465,7 +472,8 @@ def main() -> None:
              "--update-order", args.update_order, "--tune-trials", str(args.tune_trials),
              "--gpu-updates", args.gpu_updates, "--balance-model", args.balance_model,
              "--cpu-rate", args.cpu_rate, "--block-slots", str(args.block_slots),
-             "--resident-mv", str(args.resident_mv), "--cpu-order", args.cpu_order] \
+             "--resident-mv", str(args.resident_mv), "--cpu-order", args.cpu_order,
+             "--copy-stores", args.copy_stores] \
         + (["--max-staged-grads", str(args.max_staged_grads)]
            if args.max_staged_grads is not None else []) \
         + (["--balance-head", str(args.balance_head)] if args.balance_head is not None
@@ -474,7 +482,7 @@ def main() -> None:
         + switches(args, ("profile",) + OUTCORE_SWITCHES) + model_flags(args)
     for k in ("clip", "held_gpu_updates", "update_order", "gpu_updates",
               "balance_model", "cpu_rate", "block_slots", "resident_mv",
-              "max_staged_grads", "cpu_order") + OUTCORE_SWITCHES \
+              "max_staged_grads", "cpu_order", "copy_stores") + OUTCORE_SWITCHES \
             + MODEL_SWITCHES:
         doc[k] = getattr(args, k)
     from outcore.stream import balance

@@ -98,6 +98,10 @@ VARIANTS = {  # name: bench/stream.py flags (session 5's NOTES, "Next GPU sessio
     # is the default again and "need" the opt-in variant
     "arrival": ["--cpu-order", "arrival"],
     "need": ["--cpu-order", "need"],
+    # Session 32: the CPU AdamW pass writing the bf16 copies by non-temporal stores
+    # (stream/cast_kernel.STREAM_STORES): an ordinary store reads each line of the copy
+    # from host memory first, 2 B/param of the ~30 the pass moves
+    "nt": ["--copy-stores", "stream"],
 }
 
 

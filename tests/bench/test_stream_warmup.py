@@ -71,7 +71,8 @@ def test_warmup_waits_for_the_planner(monkeypatch, moves_after, tuning_until, wa
                               lazy_copies=False, resident_mv=0,
                               fused_copy=False, no_host_weight_copy=False,
                               balance_model="queues", cpu_rate="last", balance_head=None,
-                              block_slots=3, max_staged_grads=None, cpu_order="arrival")
+                              block_slots=3, max_staged_grads=None, cpu_order="arrival",
+                              copy_stores="cached")
     r = bench.run_outcore(args)
     assert r["warmup_steps"] == warmup_steps and r["plan_settled"] is settled
     assert len(r["losses"]) == warmup_steps + 5

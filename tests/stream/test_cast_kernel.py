@@ -14,7 +14,8 @@ from outcore.stream import cast_kernel
 BF16 = torch.bfloat16
 
 
-def test_one_pass_equals_torch_adamw_and_its_cast():
+@pytest.mark.parametrize("stream", [False, True])
+def test_one_pass_equals_torch_adamw_and_its_cast(stream):
     mod = cast_kernel.load()
     assert mod is not None, cast_kernel._built.get("error")
     gen = torch.Generator().manual_seed(0)
@@ -27,7 +28,8 @@ def test_one_pass_equals_torch_adamw_and_its_cast():
     for step in range(1, 5):
         grad = torch.randn(n, generator=gen)
         scale = 0.5 if step == 3 else 1.0          # clipping's scale on one step
-        cast_kernel.step_cast(mod, p, grad, m, v, out, step=step, scale=scale, **kw)
+        cast_kernel.step_cast(mod, p, grad, m, v, out, step=step, scale=scale,
+                              stream=stream, **kw)
         torch_adamw([ref[0]], [grad * scale], [ref[1]], [ref[2]], [], [ref[3]],
                     fused=True, amsgrad=False, beta1=kw["betas"][0],
                     beta2=kw["betas"][1], lr=kw["lr"], weight_decay=kw["weight_decay"],
@@ -42,8 +44,31 @@ def test_one_pass_equals_torch_adamw_and_its_cast():
     zeros = torch.zeros(6)
     out6 = torch.empty(6, dtype=BF16)
     mod.adamw_cast(special.clone(), zeros, zeros.clone(), zeros.clone(), out6,
-                   0.0, 0.9, 0.95, 1e-8, 0.0, 0.1, 0.2, 1.0)
+                   0.0, 0.9, 0.95, 1e-8, 0.0, 0.1, 0.2, 1.0, stream)
     assert torch.equal(out6[1:], special[1:].to(BF16)) and torch.isnan(out6[0])
+
+
+@pytest.mark.parametrize("offset", [0, 1, 7, 8])
+def test_stream_stores_write_what_ordinary_stores_write(offset):
+    """Non-temporal stores of the bf16 copy: every element written, the same bits, where
+    `out` starts off a 16-byte line and the length is no multiple of the 64-element
+    tiles (each thread of the pass aligns its own range)."""
+    mod = cast_kernel.load()
+    gen = torch.Generator().manual_seed(5)
+    n = 300_017
+    p0, grad = torch.randn(n, generator=gen), torch.randn(n, generator=gen).to(BF16)
+    results = []
+    for stream in (False, True):
+        p, m, v = p0.clone(), torch.zeros(n), torch.zeros(n)
+        buf = torch.full((n + offset,), float("nan"), dtype=BF16)   # poisoned
+        out = buf[offset:]
+        for step in (1, 2):
+            cast_kernel.step_cast(mod, p, grad, m, v, out, lr=1e-3, betas=(0.9, 0.95),
+                                  eps=1e-8, weight_decay=0.1, step=step, stream=stream)
+        assert not out.isnan().any()
+        results.append((p, m, v, out.clone()))
+    for a, b in zip(*results):
+        assert torch.equal(a, b)
 
 
 def three_steps(eng) -> list[float]:

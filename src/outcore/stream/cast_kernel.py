@@ -36,6 +36,9 @@ _SRC = r"""
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 static inline uint16_t to_bf16(float f) {
   uint32_t u;
@@ -53,31 +56,65 @@ static inline float load(const uint16_t* g, int64_t i) {   // bf16: the top half
   return f;
 }
 
+// One element: m, v and p updated in place, the bf16 of the new p returned. A macro-free
+// inline function: under `omp simd` GCC vectorizes it once inlined.
+struct Coef {
+  float scale, one_minus_b1, b2, one_minus_b2, decay, bc2_sqrt, eps, step_size;
+};
+
+template <typename G>
+static inline uint16_t update(float* __restrict__ p, const G* __restrict__ g,
+                              float* __restrict__ m, float* __restrict__ v, int64_t i,
+                              const Coef& c) {
+  // torch's order of operations where it is known (its lerp and addcmul fuse a
+  // multiply-add; -ffp-contract=off keeps every other one rounded on its own): m then
+  // equals torch's fused AdamW bit for bit, v and the weights but for a few last bits
+  float gi = load(g, i) * c.scale;
+  float mi = std::fma(c.one_minus_b1, gi - m[i], m[i]);
+  float vi = std::fma(c.one_minus_b2 * gi, gi, v[i] * c.b2);
+  float pi = p[i] * c.decay;
+  pi = pi - c.step_size * (mi / (std::sqrt(vi) / c.bc2_sqrt + c.eps));
+  m[i] = mi;
+  v[i] = vi;
+  p[i] = pi;
+  return to_bf16(pi);
+}
+
 template <typename G>
 static void run(float* __restrict__ p, const G* __restrict__ g, float* __restrict__ m,
-                float* __restrict__ v, uint16_t* __restrict__ out, int64_t n, float scale,
-                float one_minus_b1, float b2, float one_minus_b2, float decay,
-                float bc2_sqrt, float eps, float step_size) {
-  #pragma omp simd
-  for (int64_t i = 0; i < n; ++i) {
-    // torch's order of operations where it is known (its lerp and addcmul fuse a
-    // multiply-add; -ffp-contract=off keeps every other one rounded on its own): m then
-    // equals torch's fused AdamW bit for bit, v and the weights but for a few last bits
-    float gi = load(g, i) * scale;
-    float mi = std::fma(one_minus_b1, gi - m[i], m[i]);
-    float vi = std::fma(one_minus_b2 * gi, gi, v[i] * b2);
-    float pi = p[i] * decay;
-    pi = pi - step_size * (mi / (std::sqrt(vi) / bc2_sqrt + eps));
-    m[i] = mi;
-    v[i] = vi;
-    p[i] = pi;
-    out[i] = to_bf16(pi);
+                float* __restrict__ v, uint16_t* __restrict__ out, int64_t n,
+                const Coef& c, bool stream) {
+  int64_t i = 0;
+#if defined(__SSE2__)
+  if (stream) {
+    // The bf16 copy goes out by non-temporal stores: an ordinary store first reads each
+    // line of `out` from memory (it is not cached: the DMA read it a step ago), 2 B/param
+    // of host memory traffic the copies and this pass share. p, m, v are written where
+    // they were just read, so their lines are in cache already.
+    for (; i < n && (reinterpret_cast<uintptr_t>(out + i) & 15); ++i)
+      out[i] = update(p, g, m, v, i, c);   // up to 7 elements to the first 16-byte line
+    alignas(64) uint16_t tmp[64];
+    for (; i + 64 <= n; i += 64) {
+      #pragma omp simd
+      for (int j = 0; j < 64; ++j) tmp[j] = update(p, g, m, v, i + j, c);
+      for (int j = 0; j < 64; j += 8)
+        _mm_stream_si128(reinterpret_cast<__m128i*>(out + i + j),
+                         _mm_load_si128(reinterpret_cast<const __m128i*>(tmp + j)));
+    }
   }
+#endif
+  #pragma omp simd
+  for (int64_t k = i; k < n; ++k) out[k] = update(p, g, m, v, k, c);
+#if defined(__SSE2__)
+  // Non-temporal stores are weakly ordered: fenced before parallel_for's join, after
+  // which the caller records the copy as current and a DMA may read it.
+  if (stream) _mm_sfence();
+#endif
 }
 
 void adamw_cast(torch::Tensor p, torch::Tensor g, torch::Tensor m, torch::Tensor v,
                 torch::Tensor out, double lr, double b1, double b2, double eps, double wd,
-                double bc1, double bc2_sqrt, double scale) {
+                double bc1, double bc2_sqrt, double scale, bool stream) {
   TORCH_CHECK(p.is_contiguous() && g.is_contiguous() && m.is_contiguous() &&
               v.is_contiguous() && out.is_contiguous(), "adamw_cast: contiguous tensors");
   TORCH_CHECK(p.scalar_type() == at::kFloat && m.scalar_type() == at::kFloat &&
@@ -95,23 +132,27 @@ void adamw_cast(torch::Tensor p, torch::Tensor g, torch::Tensor m, torch::Tensor
   float* M = m.data_ptr<float>();
   float* V = v.data_ptr<float>();
   uint16_t* O = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
-  const float f_scale = scale, omb1 = 1.0 - b1, f_b2 = b2, omb2 = 1.0 - b2;
-  const float decay = 1.0 - lr * wd, f_bc2 = bc2_sqrt, f_eps = eps, step = lr / bc1;
+  const Coef c{(float)scale, (float)(1.0 - b1), (float)b2, (float)(1.0 - b2),
+               (float)(1.0 - lr * wd), (float)bc2_sqrt, (float)eps, (float)(lr / bc1)};
   // The GIL is let go for the pass, as torch's own ops do: it runs on the CPU worker
   // thread, and holding the GIL for it (~25 ms a 3B block) kept the main thread from
   // launching the backward's kernels (session 10 on the H200: backward 0.89 s against
   // 0.70 s). Nothing below touches a Python object.
   pybind11::gil_scoped_release no_gil;
   at::parallel_for(0, n, 1 << 16, [&](int64_t s, int64_t e) {
+    // each thread's range shifted to 0: the stream path aligns on `out + i` itself
     if (g16)
-      run(P + s, G16 + s, M + s, V + s, O + s, e - s, f_scale, omb1, f_b2, omb2, decay,
-          f_bc2, f_eps, step);
+      run(P + s, G16 + s, M + s, V + s, O + s, e - s, c, stream);
     else
-      run(P + s, G + s, M + s, V + s, O + s, e - s, f_scale, omb1, f_b2, omb2, decay, f_bc2,
-          f_eps, step);
+      run(P + s, G + s, M + s, V + s, O + s, e - s, c, stream);
   });
 }
 """
+
+# The bf16 copy written by non-temporal stores (x86; elsewhere ignored): 2 B/param less
+# host memory traffic where `out` is not in cache. Opt-in until measured on the H200's
+# host (bench/adamw_cast.py --copies; bench/stream.py --copy-stores stream).
+STREAM_STORES = False
 
 _lock = threading.Lock()
 _built: dict = {}   # "mod": the extension or None once tried, "error": why it failed
@@ -140,11 +181,14 @@ def load(quiet: bool = False):
 
 def step_cast(mod, p: torch.Tensor, grad: torch.Tensor, m: torch.Tensor, v: torch.Tensor,
               out: torch.Tensor, *, lr: float, betas: tuple[float, float], eps: float,
-              weight_decay: float, step: int, scale: float = 1.0) -> None:
+              weight_decay: float, step: int, scale: float = 1.0,
+              stream: bool | None = None) -> None:
     """AdamW step number `step` (1-based) of p with `grad` times `scale`, m and v in place,
     and out = p cast to bf16; every tensor flat, contiguous, on the CPU. grad: fp32, or
-    bf16 (read as the fp32 of the same value: 2 B/param less to read)."""
+    bf16 (read as the fp32 of the same value: 2 B/param less to read). stream: write
+    `out` by non-temporal stores (None: STREAM_STORES)."""
     b1, b2 = betas
+    stream = STREAM_STORES if stream is None else stream
     mod.adamw_cast(p, grad, m, v, out, float(lr), float(b1), float(b2), float(eps),
                    float(weight_decay), 1.0 - b1 ** step, math.sqrt(1.0 - b2 ** step),
-                   float(scale))
+                   float(scale), bool(stream))
