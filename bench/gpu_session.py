@@ -648,6 +648,17 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
                   (330, PY + [B + "stream.py", "--cases", "3b-16k", "--compiled",
                               "--largest", "0", "--skip-tests", "--timeout", "150",
                               "--out", "stream-h200-s32-3b16k"])],
+    # the stream GPU tests at HEAD (the AdamW+cast kernel's loop was rewritten for the
+    # opt-in stores), then the largest row (not run since session 18, before session 30's
+    # staging default)
+    "s32-check": [(240, PY + ["-m", "pytest", "-q", "-p", "no:warnings",
+                              "tests/stream/test_gpu.py"]),
+                  (300, PY + [B + "stream.py", "--cases", "", "--skip-tests", "--timeout",
+                              "140", "--out", "stream-h200-s32-largest"])],
+    # 3b-16k with its peers again at HEAD: the spread between two runs of the same commit
+    "s32-again": [(330, PY + [B + "stream.py", "--cases", "3b-16k", "--compiled",
+                              "--largest", "0", "--skip-tests", "--timeout", "150",
+                              "--out", "stream-h200-s32-3b16k-again"])],
     # nvidia-h200 (written in session 25): tf32x3's error on Gram matrices by BIG_CHUNK
     "s26-gram": [(120, PY + [B + "diag/x3_gram.py"])],
     # nvidia-h200 (session 22): 3b-16k outcore alone, 8 measured steps each: the balance
