@@ -29,6 +29,13 @@ import common  # noqa: E402
 PY = [sys.executable]
 B = "bench/"
 
+
+def record(cases: str, out: str, timeout: int, *more: str) -> list[str]:
+    """bench/stream.py on `cases` as the run of record runs them (the compiled model, no
+    largest row, the GPU tests skipped), each (system, case) under `timeout` seconds."""
+    return PY + [B + "stream.py", "--cases", cases, "--compiled", "--largest", "0",
+                 "--skip-tests", "--timeout", str(timeout), "--out", out, *more]
+
 # bf16-32768 and the bf16 training shapes whose plans A by rows changes (session 16)
 A_ROWS_CASES = ",".join(["bf16-32768"] + [f"train-{lay}-t{t}-f{f}-bf16"
                                           for t in (16384, 32768, 65536)
@@ -642,12 +649,8 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
                 for v, tag in (("nt,balance", "s32b"), ("balance,nt", "s32c"))],
     # 3b-64k outcore alone with room for a fresh machine's first compile (session 31's run
     # timed out at 175 s), then 3b-16k with its peers, both at HEAD
-    "s32-final": [(250, PY + [B + "stream.py", "--cases", "3b-64k", "--systems", "outcore",
-                              "--compiled", "--largest", "0", "--skip-tests", "--timeout",
-                              "240", "--out", "stream-h200-s32-64k"]),
-                  (330, PY + [B + "stream.py", "--cases", "3b-16k", "--compiled",
-                              "--largest", "0", "--skip-tests", "--timeout", "150",
-                              "--out", "stream-h200-s32-3b16k"])],
+    "s32-final": [(250, record("3b-64k", "stream-h200-s32-64k", 240, "--systems", "outcore")),
+                  (330, record("3b-16k", "stream-h200-s32-3b16k", 150))],
     # the stream GPU tests at HEAD (the AdamW+cast kernel's loop was rewritten for the
     # opt-in stores), then the largest row (not run since session 18, before session 30's
     # staging default)
@@ -656,9 +659,7 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
                   (300, PY + [B + "stream.py", "--cases", "", "--skip-tests", "--timeout",
                               "140", "--out", "stream-h200-s32-largest"])],
     # 3b-16k with its peers again at HEAD: the spread between two runs of the same commit
-    "s32-again": [(330, PY + [B + "stream.py", "--cases", "3b-16k", "--compiled",
-                              "--largest", "0", "--skip-tests", "--timeout", "150",
-                              "--out", "stream-h200-s32-3b16k-again"])],
+    "s32-again": [(330, record("3b-16k", "stream-h200-s32-3b16k-again", 150))],
     # nvidia-h200 (written in session 25): tf32x3's error on Gram matrices by BIG_CHUNK
     "s26-gram": [(120, PY + [B + "diag/x3_gram.py"])],
     # nvidia-h200 (session 22): 3b-16k outcore alone, 8 measured steps each: the balance
