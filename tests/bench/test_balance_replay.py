@@ -21,4 +21,10 @@ def test_the_highest_rate_adds_no_group_where_the_last_one_did():
     capped = [p for p in plans if p["cap"] == 8]
     assert len(capped) >= 8 and all(p["best"] <= p["held"] for p in capped)
     assert any(p["best"] > p["held"] for p in plans if p["cap"] is None)
-    assert sum(p["last"] > p["held"] for p in plans) >= len(plans) - 1
+    # with the rate each step measured, every later plan moves groups: most add, and the
+    # rest hand back groups the run had added on a lower rate (session 32's
+    # ab-s32a-balance: 16 groups at 2.22 G params/s, then 14 and 12 as the rate rose)
+    adds = [p for p in plans if p["last"] > p["held"]]
+    backs = [p for p in plans if p["last"] < p["held"]]
+    assert len(adds) + len(backs) >= len(plans) - 1 and len(adds) > 3 * len(backs)
+    assert all(p["logged"] == p["last"] for p in backs)
