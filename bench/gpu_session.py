@@ -29,6 +29,9 @@ import common  # noqa: E402
 PY = [sys.executable]
 B = "bench/"
 
+# the planner rules of NOTES' next-session item 0 (bench/stream_ab.py's variants)
+PLAN_VARIANTS = "balance,fixed-10,best-rate,sim-model,slots4-i"
+
 
 def record(cases: str, out: str, timeout: int, *more: str) -> list[str]:
     """bench/stream.py on `cases` as the run of record runs them (the compiled model, no
@@ -660,6 +663,15 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
                               "140", "--out", "stream-h200-s32-largest"])],
     # 3b-16k with its peers again at HEAD: the spread between two runs of the same commit
     "s32-again": [(330, record("3b-16k", "stream-h200-s32-3b16k-again", 150))],
+    # nvidia-h200 (written in session 32, for the next): the planner's end count at
+    # 3b-16k, outcore alone, 8 measured steps: the default against rest and 10 blocks
+    # fixed, the highest CPU rate, the simulation as the model, and 4 slots in the
+    # interleaved order (the simulation's 0.80 s in session 13); then the reverse order
+    "s33-plan": [(560, PY + [B + "stream_ab.py", "--variants", PLAN_VARIANTS,
+                             "--skip-tests", "--steps", "8", "--tag", "s33a"])],
+    "s33-plan2": [(560, PY + [B + "stream_ab.py", "--variants",
+                              ",".join(reversed(PLAN_VARIANTS.split(","))), "--skip-tests",
+                              "--steps", "8", "--tag", "s33b"])],
     # nvidia-h200 (written in session 25): tf32x3's error on Gram matrices by BIG_CHUNK
     "s26-gram": [(120, PY + [B + "diag/x3_gram.py"])],
     # nvidia-h200 (session 22): 3b-16k outcore alone, 8 measured steps each: the balance
