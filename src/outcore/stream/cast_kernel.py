@@ -7,7 +7,7 @@ cast, it slowed the CPU AdamW from 3.9 to 2.9 G params/s on the H200's 16 cores 
 the 2-core development machine (`bench/adamw_cast.py --params 40e6`, one run) torch's fused
 AdamW ran 1.51 G params/s, with the cast after it 1.04, and this one pass 1.36 (0.90 of
 the fused rate, against 0.69). On the H200's host (200M params, 16 threads) 3.69-3.86 G
-params/s against torch's fused 4.30-4.95 alone, 2.46 against 2.74 beside copies both ways
+params/s against torch's fused 4.29-4.95 alone, 2.46 against 2.74 beside copies both ways
 (the four runs in bench/results/adamw-cast-h200*.json).
 
 The update is torch.optim.AdamW's (decoupled weight decay, bias corrections, eps outside
