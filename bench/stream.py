@@ -134,11 +134,14 @@ def run_outcore(args) -> dict:
     warmup, settled = i, not unsettled()
     torch.cuda.synchronize()
     t_window = time.perf_counter()
+    measured_moves = 0   # measured steps after which the device groups changed anyway
     for i in range(warmup, warmup + args.steps):
         times.append(step(i))
         s = eng.stats
         split.append((s.compute_s, s.copy_wait_s, s.optimizer_wait_s, s.forward_s,
                       s.backward_s))
+        if eng.updater.groups != groups:
+            groups, measured_moves = set(eng.updater.groups), measured_moves + 1
     eng.synchronize()
     torch.cuda.synchronize()
     window = (time.perf_counter() - t_window) / args.steps
@@ -148,6 +151,9 @@ def run_outcore(args) -> dict:
     return {"params": n, "step_s": common.median(times), "window_step_s": window,
             "losses": losses, "warmup_steps": warmup,
             "plan_settled": settled,
+            # a move the warm-up did not wait for (session 32's second 3b-16k run handed
+            # 3 groups back after its last measured step but one)
+            "measured_moves": measured_moves,
             "compute_s": split[k][0], "copy_wait_s": split[k][1],
             "optimizer_wait_s": split[k][2],
             # every measured step: a step's wall ends at its loss.item(), so work it left

@@ -75,4 +75,8 @@ def test_warmup_waits_for_the_planner(monkeypatch, moves_after, tuning_until, wa
                               copy_stores="cached")
     r = bench.run_outcore(args)
     assert r["warmup_steps"] == warmup_steps and r["plan_settled"] is settled
+    # a planner that never settles moves after measured steps too, and the row says so
+    measured = range(warmup_steps + 1, warmup_steps + 6)   # their train_step counts
+    assert r["measured_moves"] == sum(n in moves_after for n in measured)
+    assert r["measured_moves"] == (5 if moves_after == tuple(range(1, 40)) else 0)
     assert len(r["losses"]) == warmup_steps + 5
