@@ -30,7 +30,7 @@ PY = [sys.executable]
 B = "bench/"
 
 # the planner rules of NOTES' next-session item 0 (bench/stream_ab.py's variants)
-PLAN_VARIANTS = "balance,fixed-10,best-rate,sim-model,slots4-i"
+PLAN_VARIANTS = "balance,fixed-10,sim-model,slots4-i,slots4-i-sim"
 
 
 def record(cases: str, out: str, timeout: int, *more: str) -> list[str]:
@@ -665,8 +665,9 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
     "s32-again": [(330, record("3b-16k", "stream-h200-s32-3b16k-again", 150))],
     # nvidia-h200 (written in session 32, for the next): the planner's end count at
     # 3b-16k, outcore alone, 8 measured steps: the default against rest and 10 blocks
-    # fixed, the highest CPU rate, the simulation as the model, and 4 slots in the
-    # interleaved order (the simulation's 0.80 s in session 13); then the reverse order
+    # fixed, the simulation as the model, and 4 slots in the interleaved order planned by
+    # either model (the simulation puts it 4-6% under the default's split at 2.5-4 G
+    # params/s: bench/NOTES.md, session 32); then the reverse order
     "s33-plan": [(560, PY + [B + "stream_ab.py", "--variants", PLAN_VARIANTS,
                              "--skip-tests", "--steps", "8", "--tag", "s33a"])],
     "s33-plan2": [(560, PY + [B + "stream_ab.py", "--variants",
