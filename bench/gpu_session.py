@@ -666,7 +666,7 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
     # nvidia-h200 (written in session 32, for the next): the planner's end count at
     # 3b-16k, outcore alone, 8 measured steps: the default against rest and 10 blocks
     # fixed, the simulation as the model, and 4 slots in the interleaved order planned by
-    # either model (the simulation puts it 4-6% under the default's split at 2.5-4 G
+    # either model (the simulation puts it 5-7% under the default's split at 2.5-4 G
     # params/s: bench/NOTES.md, session 32); then the reverse order
     "s33-plan": [(560, PY + [B + "stream_ab.py", "--variants", PLAN_VARIANTS,
                              "--skip-tests", "--steps", "8", "--tag", "s33a"])],
