@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .cpu_order import cpu_lateness  # noqa: F401 (the queues model's CPU term; tests use it)
+from .cpu_order import cpu_lateness   # the queues model's CPU term
 
 # Bytes per second each way while both directions run and the CPU AdamW shares host DRAM:
 # ../shared/DESIGN.md measured 88 GB/s both ways together under AdamW on the H200. At 42.5
