@@ -24,6 +24,7 @@ import common  # noqa: E402
 from balance_fit import SLOTS, STAGED_GRADS, group_numels  # noqa: E402
 
 from outcore.stream import balance  # noqa: E402
+from outcore.stream.device_update import candidate_order  # noqa: E402
 
 
 # planned with stream/simulate.py (session 12, before bench/stream.py recorded the model)
@@ -67,8 +68,12 @@ def runs(case: str = "3b-16k") -> list[dict]:
             flag = r.get("host_weight_copy")
             copies = flag in ("fused", "all", "True", True) if flag is not None else any(
                 f in head.get("command", "") for f in ("--host-weight-copy", "--fused-copy"))
+            # block slots and device update order: the command's (3 and "tail" before
+            # bench/stream.py recorded them)
             out.append(dict(r, file=os.path.basename(path), copies=copies,
-                            cap=staged_cap(r, head, os.path.basename(path))))
+                            cap=staged_cap(r, head, os.path.basename(path)),
+                            slots=head.get("block_slots") or SLOTS,
+                            order=head.get("update_order") or "tail"))
     return out
 
 
@@ -77,7 +82,7 @@ def replay(r: dict, numels: list[int]) -> list[dict]:
     log = r["balance_log"]
     copies = "all" if r["copies"] else None
     grad_bytes = 2 if copies else 4
-    order = list(range(len(numels)))   # the default "tail" order: rest, 1, 2, ...
+    order = candidate_order(len(numels), r["order"])
     held = set(log[0]["added"])
     best = log[0]["cpu_params_per_s"]
     out = []
@@ -89,7 +94,7 @@ def replay(r: dict, numels: list[int]) -> list[dict]:
             got[mode] = choose_from(numels, order, held, copies, rates,
                                     entry.get("kept_capacity"), grad_bytes,
                                     bool(r.get("lazy_copies")), r["cap"],
-                                    r.get("cpu_update_order", "arrival"))
+                                    r.get("cpu_update_order", "arrival"), r["slots"])
         out.append({"file": r["file"], "step": entry["step"], "held": len(held),
                     "logged": len(held | set(entry["added"])) - len(entry["back"]),
                     "last": len(got["last"]), "best": len(got["best"]), "cap": r["cap"]})
@@ -99,11 +104,11 @@ def replay(r: dict, numels: list[int]) -> list[dict]:
 
 def choose_from(numels, order, held, copies, rates, kept, grad_bytes,
                 lazy: bool = False, cap: int | None = STAGED_GRADS,
-                cpu_order: str = "arrival") -> set[int]:
+                cpu_order: str = "arrival", slots: int = SLOTS) -> set[int]:
     """balance.choose as the run's planner called it (lazy: DeviceUpdater.lazy_copies;
     cap: Engine.max_staged_grads; cpu_order: the CPU worker's, "arrival" before session
-    31, whose rows record it as `cpu_update_order`)."""
-    return balance.choose(numels, order, held, copies, SLOTS, rates, cap, kept or 0,
+    31, whose rows record it as `cpu_update_order`; slots: Engine's block slots)."""
+    return balance.choose(numels, order, held, copies, slots, rates, cap, kept or 0,
                           grad_bytes, lazy=lazy, cpu_order=cpu_order)
 
 

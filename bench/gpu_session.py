@@ -673,6 +673,10 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
     "s33-plan2": [(560, PY + [B + "stream_ab.py", "--variants",
                               ",".join(reversed(PLAN_VARIANTS.split(","))), "--skip-tests",
                               "--steps", "8", "--tag", "s33b"])],
+    # nvidia-h200 (session 33): s33-plan put slots4-i and slots4-i-sim behind the default
+    # (0.963 and 0.921 s against 0.884); the other three in the reverse order
+    "s33-plan3": [(400, PY + [B + "stream_ab.py", "--variants", "sim-model,fixed-10,balance",
+                              "--skip-tests", "--steps", "8", "--tag", "s33b"])],
     # nvidia-h200 (written in session 25): tf32x3's error on Gram matrices by BIG_CHUNK
     "s26-gram": [(120, PY + [B + "diag/x3_gram.py"])],
     # nvidia-h200 (session 22): 3b-16k outcore alone, 8 measured steps each: the balance
