@@ -677,6 +677,13 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
     # (0.963 and 0.921 s against 0.884); the other three in the reverse order
     "s33-plan3": [(400, PY + [B + "stream_ab.py", "--variants", "sim-model,fixed-10,balance",
                               "--skip-tests", "--steps", "8", "--tag", "s33b"])],
+    # nvidia-h200 (session 33): the simulation as the planner's model led both orders
+    # (0.873 vs 0.884 s, 0.849 vs 0.892): 3b-16k with its peers planned by it, then 7b-16k
+    # outcore alone planned by it
+    "s33-sim": [(330, record("3b-16k", "stream-h200-s33-3b16k-sim", 150,
+                             "--balance-model", "simulate")),
+                (230, record("7b-16k", "stream-h200-s33-7b16k-sim", 200, "--systems",
+                             "outcore", "--balance-model", "simulate"))],
     # nvidia-h200 (written in session 25): tf32x3's error on Gram matrices by BIG_CHUNK
     "s26-gram": [(120, PY + [B + "diag/x3_gram.py"])],
     # nvidia-h200 (session 22): 3b-16k outcore alone, 8 measured steps each: the balance
