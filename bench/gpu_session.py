@@ -684,6 +684,17 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
                              "--balance-model", "simulate")),
                 (230, record("7b-16k", "stream-h200-s33-7b16k-sim", 200, "--systems",
                              "outcore", "--balance-model", "simulate"))],
+    # nvidia-h200 (written in session 33, for the next): the simulation as the planner's
+    # model at the other cases before it can become the default: 1b-16k (the replayed
+    # first plans of session 32's record put one group fewer there), two rounds, then
+    # 3b-64k; then 3b-16k's third round
+    "s34-sim1b": [(270, PY + [B + "stream_ab.py", "--case", "1b-16k", "--variants", v,
+                              "--skip-tests", "--steps", "8", "--tag", tag])
+                  for v, tag in (("balance,sim-model", "s34a"), ("sim-model,balance", "s34b"))],
+    "s34-sim64k": [(560, PY + [B + "stream_ab.py", "--case", "3b-64k", "--variants",
+                               "balance,sim-model", "--skip-tests", "--tag", "s34c"])],
+    "s34-sim3": [(300, PY + [B + "stream_ab.py", "--variants", "balance,sim-model",
+                             "--skip-tests", "--steps", "8", "--tag", "s34d"])],
     # nvidia-h200 (written in session 25): tf32x3's error on Gram matrices by BIG_CHUNK
     "s26-gram": [(120, PY + [B + "diag/x3_gram.py"])],
     # nvidia-h200 (session 22): 3b-16k outcore alone, 8 measured steps each: the balance

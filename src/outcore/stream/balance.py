@@ -62,7 +62,11 @@ COMPUTE_BOUND = 1.01
 # rows, against 14.6% for the queues model, bench/balance_fit.py; it puts 11 groups at
 # 0.86 s), but as the planner's model (session 12, stream-h200-s12-sim.json) it chose 8
 # and then 10 groups, predicted 0.874 s and measured 0.913 s (0.933 by the mean), against
-# in-memory PyTorch's 0.799 in the same run: no better, so it stays opt-in.
+# in-memory PyTorch's 0.799 in the same run: no better, so it stays opt-in. Session 33, at
+# the one-pass AdamW+cast kernel: it led the default in two rounds (0.873 and 0.849 s, 9-10
+# groups, predicted within 2%; the default 0.884 and 0.892 at 12 groups, predicted 0.75)
+# and ran 0.899 beside PyTorch's 0.799 (stream-h200-ab-s33*.json, -s33-3b16k-sim.json);
+# not yet run at 1b-16k and 3b-64k, so still opt-in (bench/NOTES.md, session 33).
 MODEL = "queues"
 # Which measured CPU AdamW rate the planner uses: "last" (the default) or "best" (the
 # highest so far; opt-in, written in session 12 when no device time was left to run it).
