@@ -433,7 +433,8 @@ def main() -> None:
                     "measured or the last (A/B of stream/balance.CPU_RATE)")
     ap.add_argument("--max-staged-grads", type=int, default=None, help="outcore: gradients "
                     "that may wait in pinned host memory for the CPU AdamW before backward "
-                    "waits (Engine.max_staged_grads; 0: no cap; default: the engine's, 8)")
+                    "waits (Engine.max_staged_grads; 0: no cap; default: the engine's, at least 8, "
+                    "none where the host has room: validate.resolve_staged_cap)")
     ap.add_argument("--cpu-order", default="arrival", choices=["arrival", "need"],
                     help="outcore: which staged gradient the CPU AdamW takes next, the oldest "
                     "or the one the next forward needs first (stream/cpu_order.py)")
