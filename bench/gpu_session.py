@@ -695,6 +695,13 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
                                "balance,sim-model", "--skip-tests", "--tag", "s34c"])],
     "s34-sim3": [(300, PY + [B + "stream_ab.py", "--variants", "balance,sim-model",
                              "--skip-tests", "--steps", "8", "--tag", "s34d"])],
+    # nvidia-h200 (session 34): s34-sim1b's two rounds as one call (balance, sim-model,
+    # sim-model, balance: the order's drift cancels), then 3b-16k's third round
+    "s34-a": [(130, PY + [B + "stream_ab.py", "--case", "1b-16k", "--variants", v,
+                          "--skip-tests", "--steps", "8", "--tag", tag])
+              for v, tag in (("balance,sim-model", "s34a"), ("sim-model,balance", "s34b"))]
+             + [(290, PY + [B + "stream_ab.py", "--variants", "balance,sim-model",
+                            "--skip-tests", "--steps", "8", "--tag", "s34d"])],
     # nvidia-h200 (written in session 25): tf32x3's error on Gram matrices by BIG_CHUNK
     "s26-gram": [(120, PY + [B + "diag/x3_gram.py"])],
     # nvidia-h200 (session 22): 3b-16k outcore alone, 8 measured steps each: the balance
