@@ -39,6 +39,9 @@ def record(cases: str, out: str, timeout: int, *more: str) -> list[str]:
     return PY + [B + "stream.py", "--cases", cases, "--compiled", "--largest", "0",
                  "--skip-tests", "--timeout", str(timeout), "--out", out, *more]
 
+# the bf16 TN shapes whose plans put the last tile on a new B panel (lone.by_columns)
+TN_NEW_PANEL = "train-TN-t16384-f16384-bf16,train-TN-t32768-f16384-bf16"
+
 # bf16-32768 and the bf16 training shapes whose plans A by rows changes (session 16)
 A_ROWS_CASES = ",".join(["bf16-32768"] + [f"train-{lay}-t{t}-f{f}-bf16"
                                           for t in (16384, 32768, 65536)
@@ -702,6 +705,18 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
               for v, tag in (("balance,sim-model", "s34a"), ("sim-model,balance", "s34b"))]
              + [(290, PY + [B + "stream_ab.py", "--variants", "balance,sim-model",
                             "--skip-tests", "--steps", "8", "--tag", "s34d"])],
+    # nvidia-h200 (session 34): the bf16 TN shapes whose last panel is new, in column
+    # strips packed by a host thread (the default now), in column strips copied as they lie
+    # (--no-pack) and in row strips (--col-strips none), two rounds in opposite orders,
+    # after the gemm GPU tests that cover the new path and its neighbours
+    "s34-tn": [(120, PY + ["-m", "pytest", "-q", "-p", "no:warnings",
+                           "tests/gemm/test_gemm_gpu.py", "-k",
+                           "column_strips or a_rows or matches_float64 or transposes"])] + [
+        (70, PY + [B + "gemm.py", "--cases", TN_NEW_PANEL, "--runs", "5"] + flags
+         + ["--out", f"gemm-h200-s34-{tag}-{i}"])
+        for i, order in ((1, ("pack", "nopack", "rows")), (2, ("rows", "nopack", "pack")))
+        for tag, flags in ((t, {"pack": [], "nopack": ["--no-pack"],
+                                "rows": ["--col-strips", "none"]}[t]) for t in order)],
     # nvidia-h200 (written in session 25): tf32x3's error on Gram matrices by BIG_CHUNK
     "s26-gram": [(120, PY + [B + "diag/x3_gram.py"])],
     # nvidia-h200 (session 22): 3b-16k outcore alone, 8 measured steps each: the balance
