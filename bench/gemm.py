@@ -270,8 +270,6 @@ def run_outcore(env: Env, c: Case, devices, check: bool = True,
                 devices=[str(d) for d in devices], h2d_bytes=st.h2d_bytes,
                 d2h_bytes=st.d2h_bytes, plan=st.plan,
                 tiles_per_device={d.device: d.tiles for d in st.devices},
-                # B's column strips packed by the host (gemm/pack.py), each timed run's
-                packed_bytes_runs=[sum(d.packed_bytes for d in x.devices) for x in stats[1:]],
                 flops_share={d.device: d.flops / st.flops for d in st.devices},
                 # the last timed run: when each worker was done (which one held C back)
                 done_s={d.device: d.t_synced - st.t_start for d in st.devices if d.t_synced})
@@ -547,12 +545,6 @@ def main() -> int:
                     "transposed A may take whole-height column strips of C where M is at least "
                     "outcore.gemm.lone.TALL_TA_MIN_M (outcore.gemm.lone.TALL_TA; default bf16, "
                     "since session 18), or 'none'")
-    ap.add_argument("--col-strips", help="comma-separated computes whose TN plans cut a new "
-                    "last panel into column strips (outcore.gemm.lone.COL_STRIPS; default bf16, "
-                    "since session 34), or 'none'")
-    ap.add_argument("--no-pack", action="store_true", help="column strips load their "
-                    "columns of B as they lie, not packed by a host thread "
-                    "(outcore.gemm.pack.PACK_STRIPS off)")
     ap.add_argument("--accs", type=int, help="accumulators of a lone GPU's plan without a "
                     "prologue (outcore.gemm.plan.LONE_ACCS, default 4 since session 16)")
     ap.add_argument("--flat-sides", help="comma-separated short sides the planner tries "
@@ -586,7 +578,7 @@ def main() -> int:
         lone.FLAT_TILES = False
     # the planner's per-compute settings: a comma-separated list of computes, or "none"
     for arg, name in ((args.a_rows, "A_ROWS"), (args.b_rows, "B_ROWS"),
-                      (args.tall_ta, "TALL_TA"), (args.col_strips, "COL_STRIPS")):
+                      (args.tall_ta, "TALL_TA")):
         if arg is not None:
             setattr(lone, name, () if arg == "none" else tuple(arg.split(",")))
     if args.flat_sides:
@@ -615,9 +607,6 @@ def main() -> int:
         loads_mod.LAZY_PIECES = False
     if args.torch_stream_ctx:
         worker_mod.LIGHT_STREAM_CTX = False
-    if args.no_pack:
-        import outcore.gemm.pack as pack_mod
-        pack_mod.PACK_STRIPS = False
     import outcore.gemm.split as split_mod
     if args.x3_chunk is not None:
         split_mod.BIG_CHUNK = args.x3_chunk

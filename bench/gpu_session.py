@@ -706,9 +706,11 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
              + [(290, PY + [B + "stream_ab.py", "--variants", "balance,sim-model",
                             "--skip-tests", "--steps", "8", "--tag", "s34d"])],
     # nvidia-h200 (session 34): the bf16 TN shapes whose last panel is new, in column
-    # strips packed by a host thread (the default now), in column strips copied as they lie
-    # (--no-pack) and in row strips (--col-strips none), two rounds in opposite orders,
-    # after the gemm GPU tests that cover the new path and its neighbours
+    # strips packed by a host thread (the default then), in column strips copied as they
+    # lie (--no-pack) and in row strips (--col-strips none), two rounds in opposite orders,
+    # after the gemm GPU tests that cover the new path and its neighbours. Ran at ad2875d;
+    # the column strips, both flags and their test were removed after it (59-62 ms against
+    # 52: bench/NOTES.md, session 34), so the step no longer runs as written
     "s34-tn": [(120, PY + ["-m", "pytest", "-q", "-p", "no:warnings",
                            "tests/gemm/test_gemm_gpu.py", "-k",
                            "column_strips or a_rows or matches_float64 or transposes"])] + [

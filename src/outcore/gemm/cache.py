@@ -38,9 +38,6 @@ class Block:
     events: list = field(default_factory=list)   # per loaded piece: the event it landed with
     etas: list = field(default_factory=list)     # per loaded piece: when it should land (s)
     lo: torch.Tensor | None = None      # split blocks: the lo part, laid out as `view`
-    # (HostMatrix, (row, col) of its origin in the operand): where the pieces are read
-    # from in place of the operand (a strip's packed columns, pack.py); None: the operand
-    source: tuple | None = None
     reuse_after: object = None          # event: the previous occupant's last GEMM
     last_use: object = None             # event: this block's last GEMM so far
     pins: int = 0

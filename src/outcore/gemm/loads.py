@@ -41,28 +41,10 @@ class BlockLoads:
             return self._block("A", t.i, kb), p0
         return self._block("A", t.i, kb, (t.r0, t.r1)), t.r0
 
-    def _b_block(self, t: Tile, kb: int) -> tuple[Block, int]:
-        """The B block tile `t` reads in K block kb, and the first column of op(B) it holds.
-
-        A column strip of the last tile (plan.strip_cols, lone.by_columns) whose panel no
-        earlier tile loaded gets a block of its own columns, as `_a_block`'s row strips get
-        their rows; read from the host thread's packed copy of those columns where there is
-        one (pack.py), a contiguous copy in place of rows of the strip's width. Row-major B
-        only; not under a prologue, nor with K in several blocks (as `_a_block`)."""
-        p, q0 = self.plan, t.j * self.plan.tile_n
-        whole = (t.c0, t.c1) == (q0, min(q0 + p.tile_n, p.n))
-        shared = whole or self.job.tb or p.prologue or p.nk > 1
-        if shared or ("B", t.j, kb) in self.cache.blocks:
-            return self._block("B", t.j, kb), q0
-        blk = self._block("B", t.j, kb, (t.c0, t.c1))
-        if self.packer is not None and blk.source is None and not blk.loaded:
-            blk.source = self.packer.source((t.c0, t.c1))
-        return blk, t.c0
-
-    def _block(self, op: str, x: int, kb: int, span: tuple[int, int] | None = None) -> Block:
-        """Block (op, x, kb) from the cache, or a new one; `span`: only those rows of A's
-        panel x, or columns of B's (a strip's block, keyed apart from the panel's)."""
-        key = (op, x, kb) if span is None else (op, x, kb, span)
+    def _block(self, op: str, x: int, kb: int, rows: tuple[int, int] | None = None) -> Block:
+        """Block (op, x, kb) from the cache, or a new one; `rows`: only those rows of A's
+        panel x (a strip's block, keyed apart from the panel's)."""
+        key = (op, x, kb) if rows is None else (op, x, kb, rows)
         blk = self.cache.get(key)
         if blk is not None:
             self.stats.block_hits += 1
@@ -70,13 +52,13 @@ class BlockLoads:
         self.stats.block_misses += 1
         p, (k0, k1) = self.plan, self.kspans[kb]
         if op == "A":
-            r0, r1 = span or (x * p.tile_m, min((x + 1) * p.tile_m, p.m))
+            r0, r1 = rows or (x * p.tile_m, min((x + 1) * p.tile_m, p.m))
             if self.job.ta:
                 region, shape, k_on_rows = (k0, k1, r0, r1), (k1 - k0, r1 - r0), True
             else:
                 region, shape, k_on_rows = (r0, r1, k0, k1), (r1 - r0, k1 - k0), False
         else:
-            c0, c1 = span or (x * p.tile_n, min((x + 1) * p.tile_n, p.n))
+            c0, c1 = x * p.tile_n, min((x + 1) * p.tile_n, p.n)
             if self.job.tb:
                 region, shape, k_on_rows = (c0, c1, k0, k1), (c1 - c0, k1 - k0), False
             else:
@@ -119,9 +101,6 @@ class BlockLoads:
     def _load_piece(self, blk: Block, p: int) -> None:
         host: HostMatrix = self.job.a if blk.key[0] == "A" else self.job.b
         dst, region = blk.piece_view(p), blk.piece_region(p)
-        if blk.source is not None:   # a packed copy of the block (pack.py), at its origin
-            host, (dr, dc) = blk.source
-            region = (region[0] - dr, region[1] - dr, region[2] - dc, region[3] - dc)
         r0, r1, c0, c1 = region
         blk.etas.append(self._eta(host, r1 - r0, c1 - c0))
         blk.events.append(self._copy_in(blk, dst, host, region, p == 0))

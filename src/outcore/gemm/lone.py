@@ -10,7 +10,6 @@ Each keeps a candidate only when the model says it is clearly faster.
 from __future__ import annotations
 
 from .model import KERNEL_FIT, Rates, estimate_seconds
-from . import plan as plan_mod
 from .plan import (MIN_PIECES, MIN_WIDE_TILES, GemmPlan, _fit, _replace, operand_bytes,
                    with_strips)
 from .tiles import cdiv
@@ -70,18 +69,13 @@ FEW_WIDE_TILES = 4
 # at M = 16384 1.06x, 1.17x and 1.24x (the planner's other tiles copy A in 8 KiB rows),
 # at M = 8192 0.89-0.93x (a single 8192 x 8192 tile, against 4096-wide tiles whose A rows
 # are 16 KiB).
+# Their last tile stays in row strips: session 34 cut it into column strips of 2048, each
+# loading its own columns of B (packed contiguous by a host thread, or not), and the TN
+# shape at 16384 tokens and features ran 59-62 ms against 52 (gemm-h200-s34-*.json): the
+# strips' C goes out in 8 KiB rows, and all of C can only go out after the first tile's
+# whole A and B panel have landed, so its narrower rows out lengthened the product.
 TALL_TA: tuple[str, ...] = ("bf16",)
 TALL_TA_MIN_M = 16384
-# Computes whose plans with a transposed A and a row-major B (TN: the weight gradient)
-# cut their last tile into column strips, where no earlier tile loaded its B panel: each
-# strip then loads its own columns of that panel (loads.py) and goes out as soon as they
-# have landed, where row strips all wait for the whole panel. At 16384 tokens and features
-# that tail is the second tile's C, 512 MiB out after the last copy in (~9.7 ms of a
-# 52 ms product, session 24's trace); a strip's is a quarter of it. Its columns are short
-# rows of B (8 KiB at 2048 of 16384 fp32 columns: 32-48 GB/s in products), so a host
-# thread packs them into contiguous pinned buffers first (pack.py). Not in the timing
-# model: a plan's estimate is its row strips' (lone.py chose the plan on that).
-COL_STRIPS: tuple[str, ...] = ("bf16",)
 
 
 def settings() -> tuple:
@@ -89,7 +83,7 @@ def settings() -> tuple:
     by itself): part of the plan cache's key, so a plan made under one setting is never
     served under another."""
     return (tuple(A_ROWS), tuple(B_ROWS), B_ROWS_MIN_K, tuple(FEW_WIDE), FEW_WIDE_TILES,
-            tuple(TALL_TA), TALL_TA_MIN_M, tuple(COL_STRIPS), tuple(FLAT_SIDES), tuple(STRIP_ROWS), SHORT_STRIP,
+            tuple(TALL_TA), TALL_TA_MIN_M, tuple(FLAT_SIDES), tuple(STRIP_ROWS), SHORT_STRIP,
             SHORT_STRIP_MAX_M, tuple(sorted(MIN_STRIP_ROWS.items())))
 
 
@@ -180,21 +174,6 @@ def flatter(plan: GemmPlan, rates: Rates, layout: tuple[bool, bool]) -> GemmPlan
         for t in (2048, 4096, 8192, plan.n):
             consider(plan.m, min(t, plan.n), fewest=1)
     return best
-
-
-def by_columns(plan: GemmPlan, layout: tuple[bool, bool]) -> GemmPlan:
-    """COL_STRIPS: `plan`'s last tile in column strips (as many as its row strips, each
-    at least MIN_STRIP wide) when A is stored transposed, B is not, and no earlier tile
-    loaded the last tile's B panel; `plan` unchanged elsewhere (under a prologue every
-    tile is live; with K in several blocks each strip would hold one block per K block)."""
-    if (plan.compute not in COL_STRIPS or tuple(layout) != (True, False) or plan.prologue
-            or plan.nk != 1 or plan.strips <= 1 or plan.strip_tiles != 1):
-        return plan
-    tiles = _replace(plan, strips=1).tiles()
-    if any(t.j == tiles[-1].j for t in tiles[:-1]):
-        return plan
-    parts = min(plan_mod.MAX_STRIPS, tiles[-1].cols // plan_mod.MIN_STRIP["cuda"])
-    return _replace(plan, strips=parts, strip_cols=True) if parts > 1 else plan
 
 
 def maybe_prologue(plan: GemmPlan, n_devices: int, device_type: str, rates: Rates,

@@ -29,8 +29,7 @@ from ..errors import OutcoreError
 from ..units import fmt_bytes
 from .computes import COMPUTE, SPLIT_COMPUTES, cached_itemsize
 from .model import Rates, estimate_seconds
-from .tiles import (band_order, cdiv, col_strips, growing_order, make_tiles, piece_spans,
-                    row_strips)
+from .tiles import band_order, cdiv, growing_order, make_tiles, piece_spans, row_strips
 
 PIECE_BYTES = 32 << 20      # one copy (and event) per 32 MiB: compute starts early enough
 MIN_TILE = {"cuda": 64, "cpu": 4}
@@ -76,7 +75,6 @@ class GemmPlan:
     prologue: int = 0            # pieces of K streamed over all tiles before tile-major
     strips: int = 1              # row strips of each of the order's last strip_tiles tiles
     strip_tiles: int = 1         # 1 for a lone device; several devices: shared.py
-    strip_cols: bool = False     # the strips cut columns, not rows (lone.by_columns)
     first_piece: int = 0         # > 0: a block's first piece is this deep (FIRST_PIECE)
     a_rows: bool = False         # A's blocks copied whole, in chunks of rows (lone.py)
     b_rows: bool = False         # so are a transposed B's (stored N x K)
@@ -181,16 +179,15 @@ class GemmPlan:
         tiles = make_tiles(order, self.m, self.n, self.tile_m, self.tile_n)
         if self.strips <= 1:
             return tiles
-        cut, strips = len(tiles) - self.strip_tiles, col_strips if self.strip_cols else row_strips
-        return tiles[:cut] + [s for t in tiles[cut:] for s in strips(t, self.strips)]
+        cut = len(tiles) - self.strip_tiles
+        return tiles[:cut] + [s for t in tiles[cut:] for s in row_strips(t, self.strips)]
 
     def describe(self) -> str:
         est = f", model {self.est_seconds * 1e3:.0f} ms" if self.est_seconds else ""
         pro = f", first {self.prologue} pieces of K over all tiles" if self.prologue else ""
         if self.strips > 1:
-            kind = "column strips" if self.strip_cols else "strips"
-            pro += (f", last tile in {self.strips} {kind}" if self.strip_tiles == 1 else
-                    f", last {self.strip_tiles} tiles in {self.strips} {kind} each")
+            pro += (f", last tile in {self.strips} strips" if self.strip_tiles == 1 else
+                    f", last {self.strip_tiles} tiles in {self.strips} strips each")
         pro += f", first piece {self.first_piece} deep" if self.first_piece else ""
         pro += ", A's panels whole, by rows" if self.a_rows else ""
         pro += ", B's panels whole, by rows" if self.b_rows else ""
@@ -367,14 +364,13 @@ def _search_tiles(m, n, k, host_dtype, compute, budget, tile, n_devices, device_
         plan = with_strips(plan, device_type)
     if n_slots >= total_blocks:
         rates = rates or Rates()
-        from .lone import by_columns, flatter, maybe_prologue, wider   # lone.py imports this
+        from .lone import flatter, maybe_prologue, wider   # lone.py imports this module
         best = maybe_prologue(plan, n_devices, device_type, rates,
                               piece_fixed=pk_req is not None, layout=layout)
         if tm_req is None and n_devices == 1 and device_type == "cuda":
             best = wider(best, rates, layout)
             if flat:
                 best = flatter(best, rates, layout)
-            best = by_columns(best, layout)
         return best
     # Cache-limited: keep a band of panels of one operand resident, stream the other.
     g = max(1, n_slots // nk - 2)

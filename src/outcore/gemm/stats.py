@@ -18,7 +18,6 @@ class DeviceStats:
     h2d_bytes: int = 0
     d2h_bytes: int = 0
     staged_bytes: int = 0    # host memcpy through pinned staging (pageable / strided host data)
-    packed_bytes: int = 0    # column strips of B packed by a host thread (pack.py)
     block_hits: int = 0
     block_misses: int = 0
     device_bytes: int = 0    # what its buffers took
@@ -82,9 +81,7 @@ class GemmStats:
             lt = f" ({d.lt_gemms} on cuBLASLt's configured kernel)" if d.lt_gemms else ""
             lines.append(f"  {d.device}: {d.tiles} tiles, {d.gemms} GEMMs{lt}, "
                          f"h2d {fmt_bytes(d.h2d_bytes)}, d2h {fmt_bytes(d.d2h_bytes)}, "
-                         f"staged {fmt_bytes(d.staged_bytes)}"
-                         + (f", packed {fmt_bytes(d.packed_bytes)}" if d.packed_bytes else "")
-                         + f", blocks {d.block_misses} loaded / "
+                         f"staged {fmt_bytes(d.staged_bytes)}, blocks {d.block_misses} loaded / "
                          f"{d.block_hits} reused, buffers {fmt_bytes(d.device_bytes)}")
         return "\n".join(lines)
 

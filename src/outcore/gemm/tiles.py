@@ -6,8 +6,7 @@
     exactly A_i and B_j. Along K a panel is cut into blocks of tile_k (the cache unit) and a
     block into pieces of piece_k (the copy unit: one event each).
 
-The last tile of a lone device's order may be cut into row strips (`row_strips`), or
-column strips (`col_strips`, a weight gradient's TN product: lone.by_columns): each
+The last tile of a lone device's order may be cut into row strips (`row_strips`): each
 strip's C goes back to the host as soon as it is done, so the copy-out that no compute
 hides at the end of a product is one strip's, not one tile's.
 
@@ -112,10 +111,3 @@ def row_strips(t: Tile, parts: int) -> list[Tile]:
     parts = max(1, min(parts, t.rows))
     edges = [t.r0 + (t.rows * q) // parts for q in range(parts + 1)]
     return [Tile(t.i, t.j, r0, r1, t.c0, t.c1) for r0, r1 in zip(edges, edges[1:])]
-
-
-def col_strips(t: Tile, parts: int) -> list[Tile]:
-    """t cut into `parts` strips of columns (the same panels i and j); [t] when parts <= 1."""
-    parts = max(1, min(parts, t.cols))
-    edges = [t.c0 + (t.cols * q) // parts for q in range(parts + 1)]
-    return [Tile(t.i, t.j, t.r0, t.r1, c0, c1) for c0, c1 in zip(edges, edges[1:])]

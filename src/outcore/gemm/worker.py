@@ -32,12 +32,11 @@ from ..transfer import Lanes, host_wait
 from .arena import Arena
 from .cache import BlockCache
 from .clock import DeviceClock
-from .copies import Copier, staging_pool
+from .copies import Copier
 from .hostmat import HostMatrix
 from .loads import BlockLoads, Landings
 from .mmacc import mm_acc
 from .model import merged_end
-from .pack import StripPacker
 from .split import mm_acc_split, split_calls
 from .plan import GemmPlan
 from .stats import DeviceStats
@@ -159,10 +158,6 @@ class DeviceWorker(DeviceRun, BlockLoads):
         if getattr(self, "arena", None) is not None:
             self.arena.release()
         self.arena = None
-        if getattr(self, "packer", None) is not None:
-            self.stats.packed_bytes += self.packer.packed_bytes
-            packer, self.packer = self.packer, None
-            packer.close()
 
     def _setup(self) -> None:
         p, dev = self.plan, self.device
@@ -186,13 +181,6 @@ class DeviceWorker(DeviceRun, BlockLoads):
         self.pspans = [p.pieces(k1 - k0) for k0, k1 in self.kspans]
         self.copier = Copier(self.lanes, self.stats, max(p.piece_numel, p.tile_m * p.tile_n))
         self.clock = DeviceClock(p.compute)
-        self.packer = None
-        if p.strip_cols and p.nk == 1 and not p.prologue and not self.job.tb:
-            # the last tile's column strips, packed while the first tiles' copies run; where
-            # DMA reads B (pinned) or on the CPU (its copies are host copies anyway)
-            cols = [(t.c0, t.c1) for t in p.tiles()[-p.strips:]]
-            if (self.job.b.pinned or dev.type != "cuda") and StripPacker.worth(self.job.b, cols):
-                self.packer = StripPacker(self.job.b, cols, staging_pool())
 
     def _buf(self, bufs: list, i: int, numel: int, dtype, shape) -> torch.Tensor:
         if bufs[i] is None:
@@ -275,15 +263,14 @@ class DeviceWorker(DeviceRun, BlockLoads):
             self._start(r)
         L, job, t = self.lanes, self.job, r.tile
         a, a_row0 = self._a_block(t, kb)
-        b, b_col0 = self._b_block(t, kb)
+        b = self._block("B", t.j, kb)
         ready = Landings(self, a, b, p0, p1)
         off = t.r0 - a_row0                                # a strip's first row in the block
         a_op = _rows_by_k(a.view, a.k_on_rows)[off:off + t.rows]   # rows x k
-        cols = slice(t.c0 - b_col0, t.c1 - b_col0)         # a strip's columns in the block
-        b_op = (b.view if b.k_on_rows else b.view.t())[:, cols]    # k x cols
+        b_op = b.view if b.k_on_rows else b.view.t()       # k x cols
         if a.lo is not None:                               # split blocks (tf32x3)
             a_lo = _rows_by_k(a.lo, a.k_on_rows)[off:off + t.rows]
-            b_lo = (b.lo if b.k_on_rows else b.lo.t())[:, cols]
+            b_lo = b.lo if b.k_on_rows else b.lo.t()
         s = 0
         while s < len(ready):
             e = merged_end(ready, s, self.clock.comp)

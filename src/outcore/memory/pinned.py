@@ -156,14 +156,6 @@ class PinnedPool:
             self._made.append(t)
         return t
 
-    def take(self, numel: int, dtype: torch.dtype) -> torch.Tensor | None:
-        """A free buffer of exactly numel elements, or None: unlike get, nothing is
-        allocated or pinned here."""
-        with self._lock:
-            self._reclaim()
-            free = self._free[(numel, dtype)]
-            return free.pop() if free else None
-
     def close(self) -> None:
         """Unregister every buffer this pool pinned in place and forget them all (the
         caller has synchronized: no copy uses them)."""
