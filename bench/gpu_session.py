@@ -719,6 +719,10 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
         for i, order in ((1, ("pack", "nopack", "rows")), (2, ("rows", "nopack", "pack")))
         for tag, flags in ((t, {"pack": [], "nopack": ["--no-pack"],
                                 "rows": ["--col-strips", "none"]}[t]) for t in order)],
+    # nvidia-h200 (session 34): 3b-16k outcore alone with the allocator's segments by
+    # stream at the end (bench/stream.py memory_by_stream): where the ~3 GB between the
+    # reserved peak (15.5 GB) and the allocated one (12.4) sit
+    "s34-mem": [(240, record("3b-16k", "stream-h200-s34-mem", 220, "--systems", "outcore"))],
     # nvidia-h200 (written in session 25): tf32x3's error on Gram matrices by BIG_CHUNK
     "s26-gram": [(120, PY + [B + "diag/x3_gram.py"])],
     # nvidia-h200 (session 22): 3b-16k outcore alone, 8 measured steps each: the balance

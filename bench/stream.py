@@ -188,7 +188,24 @@ def run_outcore(args) -> dict:
             "copy_stream_stores": cast_kernel.STREAM_STORES,
             "resident_mv_blocks": eng.updater.resident.blocks(),
             "deferred_blocks": sorted(eng.deferred.groups),
-            "deferred_params": sum(eng.groups[g].numel for g in eng.deferred.groups)}
+            "deferred_params": sum(eng.groups[g].numel for g in eng.deferred.groups),
+            "memory_by_stream": memory_by_stream(eng.lanes)}
+
+
+def memory_by_stream(lanes) -> dict:
+    """The allocator's segments at the run's end by the stream they belong to: what each
+    stream reserved (segments stay reserved, so this is the reserved peak's split; a block
+    freed on one stream is reused only by allocations on that stream) and what is still
+    allocated in them, in GB, with the segment count."""
+    names = {getattr(lanes, n).cuda_stream: n for n in ("compute", "h2d", "d2h")}
+    out: dict = {}
+    for seg in torch.cuda.memory_snapshot():
+        name = names.get(seg["stream"], f"stream {seg['stream']:#x}")
+        row = out.setdefault(name, {"reserved_gb": 0.0, "allocated_gb": 0.0, "segments": 0})
+        row["reserved_gb"] += seg["total_size"] / 1e9
+        row["allocated_gb"] += seg["allocated_size"] / 1e9
+        row["segments"] += 1
+    return out
 
 
 def _copy_mode(args):
