@@ -189,7 +189,8 @@ def run_outcore(args) -> dict:
             "resident_mv_blocks": eng.updater.resident.blocks(),
             "deferred_blocks": sorted(eng.deferred.groups),
             "deferred_params": sum(eng.groups[g].numel for g in eng.deferred.groups),
-            "memory_by_stream": memory_by_stream(eng.lanes)}
+            "memory_by_stream": (memory_by_stream(eng.lanes) if torch.cuda.is_available()
+                                 else None)}
 
 
 def memory_by_stream(lanes) -> dict:
