@@ -723,6 +723,15 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
     # stream at the end (bench/stream.py memory_by_stream): where the ~3 GB between the
     # reserved peak (15.5 GB) and the allocated one (12.4) sit
     "s34-mem": [(240, record("3b-16k", "stream-h200-s34-mem", 220, "--systems", "outcore"))],
+    # nvidia-h200 (session 34): rest's m, v from the compute stream's pool (the default
+    # now) against the h2d stream's: the stream GPU tests of device updates first, then
+    # 3b-16k outcore alone, 8 measured steps, two rounds in opposite orders
+    "s34-pool": [(120, PY + ["-m", "pytest", "-q", "-p", "no:warnings",
+                             "tests/stream/test_gpu.py", "-k",
+                             "compute_streams_pool or running_behind or budget_is_kept"])] + [
+        (230, PY + [B + "stream_ab.py", "--variants", v, "--skip-tests", "--steps", "8",
+                    "--tag", tag])
+        for v, tag in (("balance,mv-h2d", "s34e"), ("mv-h2d,balance", "s34f"))],
     # nvidia-h200 (written in session 25): tf32x3's error on Gram matrices by BIG_CHUNK
     "s26-gram": [(120, PY + [B + "diag/x3_gram.py"])],
     # nvidia-h200 (session 22): 3b-16k outcore alone, 8 measured steps each: the balance

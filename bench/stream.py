@@ -53,7 +53,7 @@ def make_model(size: str, layers: int | None = None, fused_norm: bool = False,
 MODEL_SWITCHES = ("fused_norm", "compiled")   # the same model for every system
 OUTCORE_SWITCHES = ("full_recompute", "tune_updates", "host_weight_copy", "device_weight_copy",
                     "settle_compiles", "no_keep_weights", "fused_copy", "no_host_weight_copy",
-                    "lazy_copies")
+                    "lazy_copies", "rest_mv_on_h2d")
 
 
 def switches(args, names) -> list[str]:
@@ -100,6 +100,7 @@ def run_outcore(args) -> dict:
     eng.updater.order = args.update_order   # which groups' AdamW moves to the GPU first
     eng.updater.lazy_copies = args.lazy_copies   # before any group moves (no 16-bit ring)
     eng.updater.resident_mv = args.resident_mv   # device blocks whose m, v stay there
+    eng.updater.mv_on_compute = not args.rest_mv_on_h2d   # which pool rest's m, v are from
     if args.gpu_updates.isdigit():   # a fixed count: rest and N blocks in that order
         eng.updater.enable(eng.updater.candidates()[:int(args.gpu_updates) + 1])
     eng.updater.settle_compiles = args.settle_compiles
@@ -444,6 +445,9 @@ def main() -> None:
                     "(rest, blocks 1..N-1) the balance planner keeps on the device where "
                     "that costs little (default: stream/balance.HEAD; 0: the rule before "
                     "session 17)")
+    ap.add_argument("--rest-mv-on-h2d", action="store_true", help="rest's m, v for its "
+                    "device update allocated on the h2d stream, in its own pool (outcore's "
+                    "DeviceUpdater.mv_on_compute off; the rule until session 34)")
     ap.add_argument("--block-slots", type=int, default=3, help="outcore's Engine(block_slots"
                     "=N): N - 2 blocks loaded ahead (opt-in; session 13's A/B: no faster)")
     ap.add_argument("--cpu-rate", default="last", choices=["last", "best"],

@@ -68,7 +68,7 @@ def test_warmup_waits_for_the_planner(monkeypatch, moves_after, tuning_until, wa
                               profile=False, host_weight_copy=False, device_weight_copy=False,
                               tune_trials=4,
                               settle_compiles=False, gpu_updates="balance", no_keep_weights=False,
-                              lazy_copies=False, resident_mv=0,
+                              lazy_copies=False, resident_mv=0, rest_mv_on_h2d=False,
                               fused_copy=False, no_host_weight_copy=False,
                               balance_model="queues", cpu_rate="last", balance_head=None,
                               block_slots=3, max_staged_grads=None, cpu_order="arrival",

@@ -221,6 +221,33 @@ def test_device_updates_survive_a_d2h_stream_running_behind(monkeypatch, copies)
         assert torch.allclose(a, b, rtol=1e-3, atol=1e-5)
 
 
+def test_rest_m_v_come_from_the_compute_streams_pool():
+    """Rest's m, v, allocated each step for its device update, come from the compute
+    stream's pool (DeviceUpdater.mv_on_compute): the h2d stream keeps no segment for them,
+    where before it reserved their size all run; training is the same either way."""
+    from outcore.models import decoder
+    runs = []
+    for on_compute in (False, True):
+        torch.cuda.empty_cache()
+        torch.manual_seed(0)
+        eng = outcore.Engine(decoder("tiny", layers=4), optimizer=outcore.AdamW(lr=1e-3),
+                             device="cuda", compute_dtype=torch.float32, gpu_updates=0)
+        eng.updater.mv_on_compute = on_compute
+        eng.updater.enable([0])
+        x = torch.randint(0, 256, (4, 64), generator=torch.Generator().manual_seed(1))
+        losses = [eng.train_step({"input_ids": x, "labels": x}) for _ in range(4)]
+        eng.synchronize()
+        h2d = sum(seg["total_size"] for seg in torch.cuda.memory_snapshot()
+                  if seg["stream"] == eng.lanes.h2d.cuda_stream)
+        runs.append((losses, [m.clone() for m in eng.host.master], h2d))
+        eng.close()
+    (l0, m0, h0), (l1, m1, h1) = runs
+    assert h0 > 0 and h1 == 0
+    assert l1 == pytest.approx(l0, rel=1e-5)
+    for a, b in zip(m0, m1):
+        assert torch.allclose(a, b, rtol=1e-5, atol=1e-7)
+
+
 def test_engines_one_after_another_unregister_their_pinned_memory():
     """close() unregisters what the engine pinned in place (masters, moved m and v, pool
     buffers): a freed range left registered made the next Engine's cudaHostRegister of the

@@ -105,6 +105,9 @@ class DeviceUpdater:
         self.weights_ready: dict[int, object] = {}
         self.bytes_h2d = 0
         self.bytes_d2h = 0
+        # Whether m, v allocated per step (rest's) come from the compute stream's pool, not
+        # the h2d stream's (False: the rule until session 34, for bench A/Bs)
+        self.mv_on_compute = True
 
     def enable(self, gs) -> None:
         before = self._ring.bytes() if self._ring is not None else 0
@@ -174,19 +177,37 @@ class DeviceUpdater:
         if held is not None:
             self._mv[g] = (*held, None, None)   # current on the compute stream already
             return
+        fresh = not self.resident.wanted(g) and not (g and self._ring is not None)
+        on_compute = fresh and self.mv_on_compute and lanes.cuda
+        if on_compute:
+            # Allocated on the compute stream, whose pool the step's other buffers share:
+            # allocated on h2d, rest's m, v (1.6 GB at 3b) stayed reserved in h2d's own pool
+            # all step, beside the compute pool's peak (bench/NOTES.md, session 34).
+            m = torch.empty(n, dtype=opt.m[g].dtype, device=lanes.device)
+            v = torch.empty(n, dtype=opt.v[g].dtype, device=lanes.device)
+            allocated = lanes.event()
         with lanes.on(lanes.h2d):
             # Stream wait: last step's d2h of this group's m, v must have landed.
             lanes.wait(lanes.h2d, self.ready_events.get(g))
+            i = None
             if self.resident.wanted(g):
-                i = None
                 m, v = self.resident.allocate(g)
-            elif g and self._ring is not None:
+            elif not fresh:
                 i, buf = self._ring.take(lanes.h2d)
                 m, v = buf[:n], buf[n:2 * n]
                 m.copy_(opt.m[g], non_blocking=True)
                 v.copy_(opt.v[g], non_blocking=True)
+            elif on_compute:
+                # Stream wait: the memory may be a block that compute work queued before
+                # the allocation still reads or writes.
+                lanes.wait(lanes.h2d, allocated)
+                m.copy_(opt.m[g], non_blocking=True)
+                v.copy_(opt.v[g], non_blocking=True)
+                # Buffer reuse: not recycled before this copy is done, even if dropped
+                # unused (the update itself waits for it anyway).
+                m.record_stream(lanes.h2d)
+                v.record_stream(lanes.h2d)
             else:
-                i = None
                 m = opt.m[g].to(lanes.device, non_blocking=True)
                 v = opt.v[g].to(lanes.device, non_blocking=True)
             ev = lanes.event(lanes.h2d)
@@ -228,7 +249,7 @@ class DeviceUpdater:
         # reloaded since g's last update (its slot kept, or rest's resident buffer) that
         # update's write-back may still be reading them on a d2h stream running behind.
         lanes.wait(lanes.compute, self.ready_events.get(g))
-        if lanes.cuda and ring_i is None and not keep_mv:
+        if lanes.cuda and ring_i is None and not keep_mv and not self.mv_on_compute:
             # Buffer reuse: m, v were allocated on the h2d stream, used on compute.
             m.record_stream(lanes.compute)
             v.record_stream(lanes.compute)
