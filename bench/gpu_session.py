@@ -732,6 +732,11 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
         (230, PY + [B + "stream_ab.py", "--variants", v, "--skip-tests", "--steps", "8",
                     "--tag", tag])
         for v, tag in (("balance,mv-h2d", "s34e"), ("mv-h2d,balance", "s34f"))],
+    # nvidia-h200 (written in session 34, for the next): the stream GPU tests in full at
+    # HEAD, then 3b-16k with its peers for the record
+    "s35-check": [(240, PY + ["-m", "pytest", "-q", "-p", "no:warnings",
+                              "tests/stream/test_gpu.py"]),
+                  (330, record("3b-16k", "stream-h200-s35-3b16k", 150))],
     # nvidia-h200 (written in session 25): tf32x3's error on Gram matrices by BIG_CHUNK
     "s26-gram": [(120, PY + [B + "diag/x3_gram.py"])],
     # nvidia-h200 (session 22): 3b-16k outcore alone, 8 measured steps each: the balance

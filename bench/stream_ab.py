@@ -103,8 +103,7 @@ VARIANTS = {  # name: bench/stream.py flags (session 5's NOTES, "Next GPU sessio
     # from host memory first, 2 B/param of the ~30 the pass moves
     "nt": ["--copy-stores", "stream"],
     # session 34: rest's m, v from the compute stream's pool became the default (the h2d
-    # stream's pool kept their 1.6 GB reserved beside the compute pool's peak at 3b-16k);
-    # this is the rule before it
+    # stream's pool kept a 1.6 GB segment for them at 3b-16k); this is the rule before it
     "mv-h2d": ["--rest-mv-on-h2d"],
 }
 

@@ -106,7 +106,12 @@ class DeviceUpdater:
         self.bytes_h2d = 0
         self.bytes_d2h = 0
         # Whether m, v allocated per step (rest's) come from the compute stream's pool, not
-        # the h2d stream's (False: the rule until session 34, for bench A/Bs)
+        # the h2d stream's (False: the rule until session 34, for bench A/Bs). Measured
+        # at 3b-16k on the H200 (session 34, stream-h200-ab-s34{e,f}-*.json): the h2d
+        # pool's 1.6 GB segment is gone, the reserved peak is not lower (15.4-15.5 GB:
+        # the engine caps the process at its budget and the allocator caches freed
+        # blocks up to that cap), the step 0.930 s against 1.002 and 0.959 for the old
+        # rule, whose runs took 17 and 14 device groups against 12.
         self.mv_on_compute = True
 
     def enable(self, gs) -> None:
@@ -181,8 +186,8 @@ class DeviceUpdater:
         on_compute = fresh and self.mv_on_compute and lanes.cuda
         if on_compute:
             # Allocated on the compute stream, whose pool the step's other buffers share:
-            # allocated on h2d, rest's m, v (1.6 GB at 3b) stayed reserved in h2d's own pool
-            # all step, beside the compute pool's peak (bench/NOTES.md, session 34).
+            # allocated on h2d, rest's m, v (1.6 GB at 3b) kept a segment of h2d's own
+            # pool all run, which no other buffer could use (bench/NOTES.md, session 34).
             m = torch.empty(n, dtype=opt.m[g].dtype, device=lanes.device)
             v = torch.empty(n, dtype=opt.v[g].dtype, device=lanes.device)
             allocated = lanes.event()
