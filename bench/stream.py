@@ -196,9 +196,10 @@ def run_outcore(args) -> dict:
 
 def memory_by_stream(lanes) -> dict:
     """The allocator's segments at the run's end by the stream they belong to: what each
-    stream reserved (segments stay reserved, so this is the reserved peak's split; a block
-    freed on one stream is reused only by allocations on that stream) and what is still
-    allocated in them, in GB, with the segment count."""
+    stream holds reserved (a block freed on one stream is reused only by allocations on
+    that stream; segments stay until the allocator frees cached ones at the budget's cap,
+    so the sum can be below the reserved peak) and what is still allocated in them, in GB,
+    with the segment count."""
     names = {getattr(lanes, n).cuda_stream: n for n in ("compute", "h2d", "d2h")}
     out: dict = {}
     for seg in torch.cuda.memory_snapshot():
