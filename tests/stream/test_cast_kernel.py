@@ -171,7 +171,9 @@ def test_the_kernel_lets_other_python_threads_run():
     """It runs on the CPU worker thread while the main thread launches the step's kernels:
     it must not hold the GIL (session 10: held, it slowed the H200's backward by a third).
     The main thread's loop keeps at least half its pace while the kernel runs (measured on
-    the 2-core machine: 90-98% with the GIL let go, 17% with it held)."""
+    the 2-core machine: 90-98% with the GIL let go, 17% with it held). The kernel gets one
+    thread fewer than the cores, so a core is left for the loop: with every core busy in
+    the kernel the loop's pace depended on the scheduler, 48% in one CI run (session 34)."""
     import threading
     import time
     mod = cast_kernel.load()
@@ -200,5 +202,10 @@ def test_the_kernel_lets_other_python_threads_run():
             cast_kernel.step_cast(mod, p, grad, m, v, out, lr=1e-3, betas=(0.9, 0.95),
                                   eps=1e-8, weight_decay=0.0, step=step)
     alone = rate_beside(lambda: time.sleep(0.2))
-    beside = rate_beside(kernel)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(max(1, threads - 1))
+    try:
+        beside = rate_beside(kernel)
+    finally:
+        torch.set_num_threads(threads)
     assert beside > 0.5 * alone, (beside, alone)
