@@ -66,7 +66,9 @@ COMPUTE_BOUND = 1.01
 # the one-pass AdamW+cast kernel: it led the default in two rounds (0.873 and 0.849 s, 9-10
 # groups, predicted within 2%; the default 0.884 and 0.892 at 12 groups, predicted 0.75)
 # and ran 0.899 beside PyTorch's 0.799 (stream-h200-ab-s33*.json, -s33-3b16k-sim.json);
-# not yet run at 1b-16k and 3b-64k, so still opt-in (bench/NOTES.md, session 33).
+# session 34: ahead at 1b-16k in two rounds (0.267 and 0.263 s against 0.277 and 0.275)
+# but behind in 3b-16k's third (0.929 against 0.902; over the three 0.884 against 0.893,
+# inside the spread between runs), so still opt-in (bench/NOTES.md, sessions 33-34).
 MODEL = "queues"
 # Which measured CPU AdamW rate the planner uses: "last" (the default) or "best" (the
 # highest so far; opt-in, written in session 12 when no device time was left to run it).

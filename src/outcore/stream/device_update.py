@@ -182,7 +182,8 @@ class DeviceUpdater:
         if held is not None:
             self._mv[g] = (*held, None, None)   # current on the compute stream already
             return
-        fresh = not self.resident.wanted(g) and not (g and self._ring is not None)
+        wanted = self.resident.wanted(g)
+        fresh = not wanted and not (g and self._ring is not None)
         on_compute = fresh and self.mv_on_compute and lanes.cuda
         if on_compute:
             # Allocated on the compute stream, whose pool the step's other buffers share:
@@ -195,7 +196,7 @@ class DeviceUpdater:
             # Stream wait: last step's d2h of this group's m, v must have landed.
             lanes.wait(lanes.h2d, self.ready_events.get(g))
             i = None
-            if self.resident.wanted(g):
+            if wanted:
                 m, v = self.resident.allocate(g)
             elif not fresh:
                 i, buf = self._ring.take(lanes.h2d)
