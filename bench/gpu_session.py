@@ -737,6 +737,15 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
     "s35-check": [(240, PY + ["-m", "pytest", "-q", "-p", "no:warnings",
                               "tests/stream/test_gpu.py"]),
                   (330, record("3b-16k", "stream-h200-s35-3b16k", 150))],
+    # nvidia-h200 (session 35): the record's other parts at HEAD, each with its peers:
+    # 1b-16k (its part is session 17's; session 34's A/B rounds ran 0.263-0.277 s against
+    # that part's 0.251), then 3b-64k (session 17's part with peers; outcore alone 419
+    # TFLOP/s in session 32)
+    "s35-parts": [(170, record("1b-16k", "stream-h200-s35-1b", 120)),
+                  (400, record("3b-64k", "stream-h200-s35-64k", 200))],
+    # then the largest row at HEAD (session 32's part)
+    "s35-largest": [(300, PY + [B + "stream.py", "--cases", "", "--skip-tests", "--timeout",
+                                "140", "--out", "stream-h200-s35-largest"])],
     # nvidia-h200 (written in session 25): tf32x3's error on Gram matrices by BIG_CHUNK
     "s26-gram": [(120, PY + [B + "diag/x3_gram.py"])],
     # nvidia-h200 (session 22): 3b-16k outcore alone, 8 measured steps each: the balance
