@@ -749,6 +749,10 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
                                  "fsdp2")),
                     (300, PY + [B + "stream.py", "--cases", "", "--skip-tests", "--timeout",
                                 "140", "--out", "stream-h200-s35-largest"])],
+    # nvidia-h200 (session 35): 7b-16k's outcore and PyTorch rows at HEAD in the device
+    # time left (FSDP2's ~220 s did not fit; the record keeps session 17's)
+    "s35-7b": [(330, record("7b-16k", "stream-h200-s35-7b", 170, "--systems",
+                            "outcore,pytorch"))],
     # nvidia-h200 (written in session 25): tf32x3's error on Gram matrices by BIG_CHUNK
     "s26-gram": [(120, PY + [B + "diag/x3_gram.py"])],
     # nvidia-h200 (session 22): 3b-16k outcore alone, 8 measured steps each: the balance
