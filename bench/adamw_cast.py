@@ -10,6 +10,9 @@ Three ways to update one flat group of fp32 params on the host, every core at wo
   one-pass    stream/cast_kernel.py: the update writes the copy as it goes
                  (host_weight_copy="fused")
   one-pass-nt the same, the copy written by non-temporal stores (cast_kernel.STREAM_STORES)
+  halves      the weights held as their bf16 and a 16-bit remainder (stream/halves.py, a
+                 prototype the engine does not use): 4 B/param of weights read and
+                 written, where one-pass reads 4 and writes 6
 --copies runs every way a second time while a thread keeps pinned copies of 1 GiB going
 to and from the GPU on two streams, as the engine's copies share host memory with its
 CPU AdamW (those rows are named "<way>+copies" and record the copies' GB/s meanwhile).
@@ -37,7 +40,7 @@ import torch  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 
-from outcore.stream import cast_kernel  # noqa: E402
+from outcore.stream import cast_kernel, halves  # noqa: E402
 from outcore.stream.optimizer import _adamw  # noqa: E402
 
 
@@ -100,6 +103,8 @@ def main() -> int:
                     "adamw-cast-<machine>)")
     ap.add_argument("--copies", action="store_true", help="also time each way beside "
                     "host<->GPU copies both ways (needs CUDA)")
+    ap.add_argument("--bf16-grad", action="store_true", help="bf16 gradients, as the engine "
+                    "lands them on the host (default fp32, as in sessions 8-32's runs)")
     ap.add_argument("--thp", action="store_true", help="torch's buffers on transparent huge "
                     "pages (THP_MEM_ALLOC_ENABLE=1)")
     args = ap.parse_args()
@@ -109,12 +114,16 @@ def main() -> int:
     build_s = time.perf_counter() - t
     gen = torch.Generator().manual_seed(0)
     p, g = torch.randn(n, generator=gen), torch.randn(n, generator=gen) * 1e-3
+    if args.bf16_grad:
+        g = g.to(torch.bfloat16)
+    hi, r = halves.split(p)
     m, v, out = torch.zeros(n), torch.zeros(n), torch.empty(n, dtype=torch.bfloat16)
     step = torch.zeros(())
     kw = dict(lr=1e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
 
-    def fused():
-        _adamw([p], [g], [m], [v], [step], fused=True, **kw)
+    def fused():   # torch's fused AdamW takes the gradient in the weights' dtype
+        _adamw([p], [g.float() if args.bf16_grad else g], [m], [v], [step], fused=True,
+               **kw)
 
     def fused_cast():
         fused()
@@ -125,7 +134,9 @@ def main() -> int:
 
     ways = [("fused", fused), ("fused+cast", fused_cast)]
     if mod is not None:
-        ways += [("one-pass", one_pass), ("one-pass-nt", lambda: one_pass(True))]
+        ways += [("one-pass", one_pass), ("one-pass-nt", lambda: one_pass(True)),
+                 ("halves", lambda: cast_kernel.step_halves(mod, hi, r, g, m, v,
+                                                            step=int(step) + 1, **kw))]
     rows = [time_way(name, fn, n, args.reps) for name, fn in ways]
     if args.copies:
         with Copies() as c:
@@ -137,6 +148,7 @@ def main() -> int:
     doc = common.header("adamw-cast")
     doc["runs"] = rows
     doc["kernel_build_s"] = build_s
+    doc["grad_dtype"] = str(g.dtype).replace("torch.", "")
     doc["thp_mem_alloc"] = os.environ.get("THP_MEM_ALLOC_ENABLE") == "1"
     try:   # the kernel's THP mode: "[madvise]" needs the env var, "[always]" does not
         with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:

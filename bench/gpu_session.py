@@ -753,6 +753,11 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
     # time left (FSDP2's ~220 s did not fit; the record keeps session 17's)
     "s35-7b": [(330, record("7b-16k", "stream-h200-s35-7b", 170, "--systems",
                             "outcore,pytorch"))],
+    # nvidia-h200 (session 35): the CPU AdamW pass over the weights as halves (bf16 and a
+    # 16-bit remainder: 26 B/param of host memory against the one pass's 28-30) alone and
+    # beside copies both ways, bf16 gradients as the engine lands them
+    "s35-halves": [(170, PY + [B + "adamw_cast.py", "--copies", "--bf16-grad", "--out",
+                               "adamw-cast-h200-s35"])],
     # nvidia-h200 (written in session 25): tf32x3's error on Gram matrices by BIG_CHUNK
     "s26-gram": [(120, PY + [B + "diag/x3_gram.py"])],
     # nvidia-h200 (session 22): 3b-16k outcore alone, 8 measured steps each: the balance

@@ -62,24 +62,53 @@ struct Coef {   // the step's constants, in fp32
   float scale, one_minus_b1, b2, one_minus_b2, decay, bc2_sqrt, eps, step_size;
 };
 
-// One element: m, v and p updated in place, the bf16 of the new p returned; inlined into
-// the `omp simd` loops of run().
+// One element's AdamW: m and v updated in place, the new weight returned.
 template <typename G>
-static inline uint16_t update(float* __restrict__ p, const G* __restrict__ g,
-                              float* __restrict__ m, float* __restrict__ v, int64_t i,
-                              const Coef& c) {
+static inline float adam(float p, const G* __restrict__ g, float* __restrict__ m,
+                         float* __restrict__ v, int64_t i, const Coef& c) {
   // torch's order of operations where it is known (its lerp and addcmul fuse a
   // multiply-add; -ffp-contract=off keeps every other one rounded on its own): m then
   // equals torch's fused AdamW bit for bit, v and the weights but for a few last bits
   float gi = load(g, i) * c.scale;
   float mi = std::fma(c.one_minus_b1, gi - m[i], m[i]);
   float vi = std::fma(c.one_minus_b2 * gi, gi, v[i] * c.b2);
-  float pi = p[i] * c.decay;
+  float pi = p * c.decay;
   pi = pi - c.step_size * (mi / (std::sqrt(vi) / c.bc2_sqrt + c.eps));
   m[i] = mi;
   v[i] = vi;
+  return pi;
+}
+
+// One element: m, v and p updated in place, the bf16 of the new p returned; inlined into
+// the `omp simd` loops of run().
+template <typename G>
+static inline uint16_t update(float* __restrict__ p, const G* __restrict__ g,
+                              float* __restrict__ m, float* __restrict__ v, int64_t i,
+                              const Coef& c) {
+  float pi = adam(p[i], g, m, v, i, c);
   p[i] = pi;
   return to_bf16(pi);
+}
+
+// The weights as halves (stream/halves.py): hi, the bf16 that rounds them to nearest even,
+// and r = bits(p) - (hi << 16) in [-0x7fff, 0x7fff] once a tie (low half 0x8000) is moved
+// one ulp towards hi; a NaN keeps hi a NaN.
+static inline float join(uint16_t hi, int16_t r) {
+  uint32_t u = ((uint32_t)hi << 16) + (uint32_t)(int32_t)r;
+  float p;
+  std::memcpy(&p, &u, 4);
+  return p;
+}
+
+static inline void split(float p, uint16_t* hi, int16_t* r) {
+  uint32_t u;
+  std::memcpy(&u, &p, 4);
+  uint32_t tie = (u & 0xffffu) == 0x8000u;
+  u += tie * (((u >> 16) & 1u) * 2u - 1u);        // +1 if the tie rounds up, else -1
+  uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  uint32_t nan = (u & 0x7fffffffu) > 0x7f800000u;
+  *hi = (uint16_t)(nan ? ((u >> 16) | 0x40u) : rounded);
+  *r = (int16_t)(int32_t)(u - (rounded << 16));
 }
 
 template <typename G>
@@ -112,6 +141,55 @@ static void run(float* __restrict__ p, const G* __restrict__ g, float* __restric
   // which the caller records the copy as current and a DMA may read it.
   if (stream) _mm_sfence();
 #endif
+}
+
+// In tiles of 256 through a buffer on the stack: three loops the compiler vectorizes (one
+// loop doing all three did not vectorize, and ran 8x slower).
+template <typename G>
+static void run_halves(uint16_t* __restrict__ hi, int16_t* __restrict__ r,
+                       const G* __restrict__ g, float* __restrict__ m, float* __restrict__ v,
+                       int64_t n, const Coef& c) {
+  alignas(64) float p[256];
+  for (int64_t s = 0; s < n; s += 256) {
+    const int64_t k = n - s < 256 ? n - s : 256;
+    #pragma omp simd
+    for (int64_t j = 0; j < k; ++j) p[j] = join(hi[s + j], r[s + j]);
+    #pragma omp simd
+    for (int64_t j = 0; j < k; ++j) p[j] = adam(p[j], g + s, m + s, v + s, j, c);
+    #pragma omp simd
+    for (int64_t j = 0; j < k; ++j) split(p[j], hi + s + j, r + s + j);
+  }
+}
+
+void adamw_halves(torch::Tensor hi, torch::Tensor r, torch::Tensor g, torch::Tensor m,
+                  torch::Tensor v, double lr, double b1, double b2, double eps, double wd,
+                  double bc1, double bc2_sqrt, double scale) {
+  TORCH_CHECK(hi.is_contiguous() && r.is_contiguous() && g.is_contiguous() &&
+              m.is_contiguous() && v.is_contiguous(), "adamw_halves: contiguous tensors");
+  TORCH_CHECK(hi.scalar_type() == at::kBFloat16 && r.scalar_type() == at::kShort &&
+              m.scalar_type() == at::kFloat && v.scalar_type() == at::kFloat &&
+              (g.scalar_type() == at::kFloat || g.scalar_type() == at::kBFloat16),
+              "adamw_halves: bf16 hi, int16 r, fp32 m and v, fp32 or bf16 gradient");
+  const int64_t n = hi.numel();
+  TORCH_CHECK(r.numel() == n && g.numel() == n && m.numel() == n && v.numel() == n,
+              "adamw_halves: sizes differ");
+  uint16_t* H = reinterpret_cast<uint16_t*>(hi.data_ptr<at::BFloat16>());
+  int16_t* R = r.data_ptr<int16_t>();
+  const bool g16 = g.scalar_type() == at::kBFloat16;
+  const float* G = g16 ? nullptr : g.data_ptr<float>();
+  const uint16_t* G16 = g16 ? reinterpret_cast<const uint16_t*>(g.data_ptr<at::BFloat16>())
+                            : nullptr;
+  float* M = m.data_ptr<float>();
+  float* V = v.data_ptr<float>();
+  const Coef c{(float)scale, (float)(1.0 - b1), (float)b2, (float)(1.0 - b2),
+               (float)(1.0 - lr * wd), (float)bc2_sqrt, (float)eps, (float)(lr / bc1)};
+  pybind11::gil_scoped_release no_gil;   // as in adamw_cast
+  at::parallel_for(0, n, 1 << 16, [&](int64_t s, int64_t e) {
+    if (g16)
+      run_halves(H + s, R + s, G16 + s, M + s, V + s, e - s, c);
+    else
+      run_halves(H + s, R + s, G + s, M + s, V + s, e - s, c);
+  });
 }
 
 void adamw_cast(torch::Tensor p, torch::Tensor g, torch::Tensor m, torch::Tensor v,
@@ -169,7 +247,8 @@ def load(quiet: bool = False):
             try:
                 from torch.utils.cpp_extension import load_inline
                 _built["mod"] = load_inline(
-                    "outcore_adamw_cast", cpp_sources=_SRC, functions=["adamw_cast"],
+                    "outcore_adamw_cast", cpp_sources=_SRC,
+                    functions=["adamw_cast", "adamw_halves"],
                     extra_cflags=["-O3", "-march=native", "-ffp-contract=off", "-fopenmp",
                                   "-fno-math-errno"],
                     extra_ldflags=["-fopenmp"], verbose=False)
@@ -195,3 +274,16 @@ def step_cast(mod, p: torch.Tensor, grad: torch.Tensor, m: torch.Tensor, v: torc
     mod.adamw_cast(p, grad, m, v, out, float(lr), float(b1), float(b2), float(eps),
                    float(weight_decay), 1.0 - b1 ** step, math.sqrt(1.0 - b2 ** step),
                    float(scale), bool(stream))
+
+
+def step_halves(mod, hi: torch.Tensor, r: torch.Tensor, grad: torch.Tensor, m: torch.Tensor,
+                v: torch.Tensor, *, lr: float, betas: tuple[float, float], eps: float,
+                weight_decay: float, step: int, scale: float = 1.0) -> None:
+    """step_cast's AdamW on weights held as halves (stream/halves.py: hi, the bf16 they
+    round to, and r, their remainder; both updated in place): the pass reads and writes 4
+    B/param of weights where step_cast reads 4 and writes 6. A measured prototype (bench/
+    adamw_cast.py's "halves" way), not used by the engine."""
+    b1, b2 = betas
+    mod.adamw_halves(hi, r, grad, m, v, float(lr), float(b1), float(b2), float(eps),
+                     float(weight_decay), 1.0 - b1 ** step, math.sqrt(1.0 - b2 ** step),
+                     float(scale))
