@@ -758,6 +758,14 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
     # beside copies both ways, bf16 gradients as the engine lands them
     "s35-halves": [(170, PY + [B + "adamw_cast.py", "--copies", "--bf16-grad", "--out",
                                "adamw-cast-h200-s35"])],
+    # nvidia-h200 (written in session 35, for the next): the AdamW pass's non-temporal
+    # stores (variant nt) at 3b-16k, outcore alone, 8 measured steps, two rounds in
+    # opposite orders: with bf16 gradients (the engine's) they ran the pass 11% faster
+    # beside copies both ways (adamw-cast-h200-s35.json), where session 32's fp32
+    # gradients had them level; session 32 ran one round at 3b-16k (0.878 s against 0.877)
+    "s36-nt": [(280, PY + [B + "stream_ab.py", "--variants", v, "--skip-tests", "--steps",
+                           "8", "--tag", tag])
+               for v, tag in (("balance,nt", "s36a"), ("nt,balance", "s36b"))],
     # nvidia-h200 (written in session 25): tf32x3's error on Gram matrices by BIG_CHUNK
     "s26-gram": [(120, PY + [B + "diag/x3_gram.py"])],
     # nvidia-h200 (session 22): 3b-16k outcore alone, 8 measured steps each: the balance
