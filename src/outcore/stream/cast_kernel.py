@@ -161,6 +161,24 @@ static void run_halves(uint16_t* __restrict__ hi, int16_t* __restrict__ r,
   }
 }
 
+// The step's constants, in fp32, from the caller's doubles.
+static Coef coef(double lr, double b1, double b2, double eps, double wd, double bc1,
+                 double bc2_sqrt, double scale) {
+  return Coef{(float)scale, (float)(1.0 - b1), (float)b2, (float)(1.0 - b2),
+              (float)(1.0 - lr * wd), (float)bc2_sqrt, (float)eps, (float)(lr / bc1)};
+}
+
+// body(G) with the gradient's data as fp32 or as bf16 (uint16_t) elements.
+template <typename F>
+static void with_grad(const torch::Tensor& g, F body) {
+  TORCH_CHECK(g.scalar_type() == at::kFloat || g.scalar_type() == at::kBFloat16,
+              "outcore AdamW kernel: an fp32 or bf16 gradient");
+  if (g.scalar_type() == at::kBFloat16)
+    body(reinterpret_cast<const uint16_t*>(g.data_ptr<at::BFloat16>()));
+  else
+    body(g.data_ptr<float>());
+}
+
 void adamw_halves(torch::Tensor hi, torch::Tensor r, torch::Tensor g, torch::Tensor m,
                   torch::Tensor v, double lr, double b1, double b2, double eps, double wd,
                   double bc1, double bc2_sqrt, double scale) {
@@ -175,20 +193,14 @@ void adamw_halves(torch::Tensor hi, torch::Tensor r, torch::Tensor g, torch::Ten
               "adamw_halves: sizes differ");
   uint16_t* H = reinterpret_cast<uint16_t*>(hi.data_ptr<at::BFloat16>());
   int16_t* R = r.data_ptr<int16_t>();
-  const bool g16 = g.scalar_type() == at::kBFloat16;
-  const float* G = g16 ? nullptr : g.data_ptr<float>();
-  const uint16_t* G16 = g16 ? reinterpret_cast<const uint16_t*>(g.data_ptr<at::BFloat16>())
-                            : nullptr;
   float* M = m.data_ptr<float>();
   float* V = v.data_ptr<float>();
-  const Coef c{(float)scale, (float)(1.0 - b1), (float)b2, (float)(1.0 - b2),
-               (float)(1.0 - lr * wd), (float)bc2_sqrt, (float)eps, (float)(lr / bc1)};
+  const Coef c = coef(lr, b1, b2, eps, wd, bc1, bc2_sqrt, scale);
   pybind11::gil_scoped_release no_gil;   // as in adamw_cast
-  at::parallel_for(0, n, 1 << 16, [&](int64_t s, int64_t e) {
-    if (g16)
-      run_halves(H + s, R + s, G16 + s, M + s, V + s, e - s, c);
-    else
+  with_grad(g, [&](auto G) {
+    at::parallel_for(0, n, 1 << 16, [&](int64_t s, int64_t e) {
       run_halves(H + s, R + s, G + s, M + s, V + s, e - s, c);
+    });
   });
 }
 
@@ -205,34 +217,30 @@ void adamw_cast(torch::Tensor p, torch::Tensor g, torch::Tensor m, torch::Tensor
   TORCH_CHECK(g.numel() == n && m.numel() == n && v.numel() == n && out.numel() == n,
               "adamw_cast: sizes differ");
   float* P = p.data_ptr<float>();
-  const bool g16 = g.scalar_type() == at::kBFloat16;
-  const float* G = g16 ? nullptr : g.data_ptr<float>();
-  const uint16_t* G16 = g16 ? reinterpret_cast<const uint16_t*>(g.data_ptr<at::BFloat16>())
-                            : nullptr;
   float* M = m.data_ptr<float>();
   float* V = v.data_ptr<float>();
   uint16_t* O = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
-  const Coef c{(float)scale, (float)(1.0 - b1), (float)b2, (float)(1.0 - b2),
-               (float)(1.0 - lr * wd), (float)bc2_sqrt, (float)eps, (float)(lr / bc1)};
+  const Coef c = coef(lr, b1, b2, eps, wd, bc1, bc2_sqrt, scale);
   // The GIL is let go for the pass, as torch's own ops do: it runs on the CPU worker
   // thread, and holding the GIL for it (~25 ms a 3B block) kept the main thread from
   // launching the backward's kernels (session 10 on the H200: backward 0.89 s against
   // 0.70 s). Nothing below touches a Python object.
   pybind11::gil_scoped_release no_gil;
-  at::parallel_for(0, n, 1 << 16, [&](int64_t s, int64_t e) {
-    // each thread's range shifted to 0: the stream path aligns on `out + i` itself
-    if (g16)
-      run(P + s, G16 + s, M + s, V + s, O + s, e - s, c, stream);
-    else
+  with_grad(g, [&](auto G) {
+    at::parallel_for(0, n, 1 << 16, [&](int64_t s, int64_t e) {
+      // each thread's range shifted to 0: the stream path aligns on `out + i` itself
       run(P + s, G + s, M + s, V + s, O + s, e - s, c, stream);
+    });
   });
 }
 """
 
 # The bf16 copy written by non-temporal stores (x86; elsewhere ignored): 2 B/param less
-# host memory traffic where `out` is not in cache. Opt-in: on the H200's host (session 32)
-# 8% faster alone, no faster beside copies both ways (bench/adamw_cast.py --copies,
-# adamw-cast-h200-s32.json) or at 3b-16k (bench/stream.py --copy-stores stream).
+# host memory traffic where `out` is not in cache. Opt-in: on the H200's host (session 32,
+# fp32 gradients) 8% faster alone, no faster beside copies both ways (bench/adamw_cast.py
+# --copies, adamw-cast-h200-s32.json) or at 3b-16k in one round (bench/stream.py
+# --copy-stores stream); with bf16 gradients, the engine's, 11% faster beside the copies
+# (session 35, adamw-cast-h200-s35.json), not yet measured in a step.
 STREAM_STORES = False
 
 _lock = threading.Lock()
