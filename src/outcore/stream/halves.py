@@ -1,7 +1,7 @@
 """fp32 weights as two 16-bit halves: the bf16 they round to, and what remains.
 
-    hi = bf16(p)                 round to nearest even, as torch casts (what bf16 compute
-                                 loads: no separate 16-bit copy of the weights is kept)
+    hi = bf16(p)                 round to nearest even, as torch casts: what bf16 compute
+                                 would load, with no separate 16-bit copy of the weights
     r  = bits(p) - (bits(hi) << 16)    int16
 
 A tie (the low 16 bits of p exactly 0x8000) would need r = +-0x8000 beside the 65535 other
