@@ -766,6 +766,12 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
     "s36-nt": [(280, PY + [B + "stream_ab.py", "--variants", v, "--skip-tests", "--steps",
                            "8", "--tag", tag])
                for v, tag in (("balance,nt", "s36a"), ("nt,balance", "s36b"))],
+    # then at 7b-16k, where the CPU AdamW bounds the step (0.95 s of optimizer wait in
+    # session 35's row): the stores' 11% should show there if anywhere
+    # (one file per variant and tag: the second round has its own tag)
+    "s36-nt7b": [(280, PY + [B + "stream_ab.py", "--case", "7b-16k", "--variants", v,
+                             "--skip-tests", "--steps", "6", "--tag", tag])
+                 for v, tag in (("balance,nt", "s36c"), ("nt,balance", "s36d"))],
     # nvidia-h200 (written in session 25): tf32x3's error on Gram matrices by BIG_CHUNK
     "s26-gram": [(120, PY + [B + "diag/x3_gram.py"])],
     # nvidia-h200 (session 22): 3b-16k outcore alone, 8 measured steps each: the balance
