@@ -769,8 +769,8 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
     # then at 7b-16k, where the CPU AdamW bounds the step (0.95 s of optimizer wait in
     # session 35's row): the stores' 11% should show there if anywhere
     # (one file per variant and tag: the second round has its own tag)
-    "s36-nt7b": [(280, PY + [B + "stream_ab.py", "--case", "7b-16k", "--variants", v,
-                             "--skip-tests", "--steps", "6", "--tag", tag])
+    "s36-nt7b": [(290, PY + [B + "stream_ab.py", "--case", "7b-16k", "--variants", v,
+                             "--skip-tests", "--steps", "5", "--tag", tag])
                  for v, tag in (("balance,nt", "s36c"), ("nt,balance", "s36d"))],
     # nvidia-h200 (written in session 25): tf32x3's error on Gram matrices by BIG_CHUNK
     "s26-gram": [(120, PY + [B + "diag/x3_gram.py"])],
