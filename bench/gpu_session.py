@@ -772,6 +772,16 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
     "s36-nt7b": [(290, PY + [B + "stream_ab.py", "--case", "7b-16k", "--variants", v,
                              "--skip-tests", "--steps", "5", "--tag", tag])
                  for v, tag in (("balance,nt", "s36c"), ("nt,balance", "s36d"))],
+    # nvidia-h200 (session 36): s36-nt's rounds split by the planner's pick, not by the
+    # stores (nt 0.868 s against 0.886 at 1.44B device params, 0.897 against 0.901 at
+    # 1.56B): the stores on one fixed plan, rest and 9 blocks (session 35's pick), two
+    # rounds in opposite orders
+    "s36-nt10": [(185, PY + [B + "stream_ab.py", "--variants", v, "--skip-tests", "--steps",
+                             "8", "--tag", tag])
+                 for v, tag in (("fixed-10,nt-10", "s36e"), ("nt-10,fixed-10", "s36f"))],
+    # nvidia-h200 (session 36): 7b-16k's FSDP2 row at HEAD (the record's is session 18's)
+    "s36-fsdp7b": [(330, record("7b-16k", "stream-h200-s36-7b-fsdp2", 300, "--systems",
+                                "fsdp2"))],
     # nvidia-h200 (written in session 25): tf32x3's error on Gram matrices by BIG_CHUNK
     "s26-gram": [(120, PY + [B + "diag/x3_gram.py"])],
     # nvidia-h200 (session 22): 3b-16k outcore alone, 8 measured steps each: the balance

@@ -102,6 +102,10 @@ VARIANTS = {  # name: bench/stream.py flags (session 5's NOTES, "Next GPU sessio
     # (stream/cast_kernel.STREAM_STORES): an ordinary store reads each line of the copy
     # from host memory first, 2 B/param of the ~30 the pass moves
     "nt": ["--copy-stores", "stream"],
+    # Session 36: nt against balance moved with the planner's pick (1.44B or 1.56B device
+    # params in either variant, the fewer faster in both rounds): the stores on a fixed plan
+    # (rest and 9 blocks, session 35's pick), against fixed-10
+    "nt-10": ["--copy-stores", "stream", "--gpu-updates", "10"],
     # session 34: rest's m, v from the compute stream's pool became the default (the h2d
     # stream's pool kept a 1.6 GB segment for them at 3b-16k); this is the rule before it
     "mv-h2d": ["--rest-mv-on-h2d"],
