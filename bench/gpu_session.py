@@ -782,6 +782,12 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
     # nvidia-h200 (session 36): 7b-16k's FSDP2 row at HEAD (the record's is session 18's)
     "s36-fsdp7b": [(330, record("7b-16k", "stream-h200-s36-7b-fsdp2", 300, "--systems",
                                 "fsdp2"))],
+    # nvidia-h200 (session 36): both GPU test modules at HEAD (the stream ones last ran at
+    # 55d6154, before cast_kernel's shared coef/with_grad; the gemm ones in session 29)
+    "s36-tests": [(230, PY + ["-m", "pytest", "-q", "-rs", "--durations=5",
+                              "tests/stream/test_gpu.py"]),
+                  (170, PY + ["-m", "pytest", "-q", "-rs", "--durations=5",
+                              "tests/gemm/test_gemm_gpu.py"])],
     # nvidia-h200 (written in session 25): tf32x3's error on Gram matrices by BIG_CHUNK
     "s26-gram": [(120, PY + [B + "diag/x3_gram.py"])],
     # nvidia-h200 (session 22): 3b-16k outcore alone, 8 measured steps each: the balance
