@@ -240,7 +240,8 @@ void adamw_cast(torch::Tensor p, torch::Tensor g, torch::Tensor m, torch::Tensor
 # fp32 gradients) 8% faster alone, no faster beside copies both ways (bench/adamw_cast.py
 # --copies, adamw-cast-h200-s32.json) or at 3b-16k in one round (bench/stream.py
 # --copy-stores stream); with bf16 gradients, the engine's, 11% faster beside the copies
-# (session 35, adamw-cast-h200-s35.json), not yet measured in a step.
+# (session 35, adamw-cast-h200-s35.json); in a 3b-16k step no faster (session 36: on one
+# fixed plan 0.883 and 0.880 s against 0.871, stream-h200-ab-s36{e,f}-*.json).
 STREAM_STORES = False
 
 _lock = threading.Lock()
