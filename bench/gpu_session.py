@@ -774,8 +774,8 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
                  for v, tag in (("balance,nt", "s36c"), ("nt,balance", "s36d"))],
     # nvidia-h200 (session 36): s36-nt's rounds split by the planner's pick, not by the
     # stores (nt 0.868 s against 0.886 at 1.44B device params, 0.897 against 0.901 at
-    # 1.56B): the stores on one fixed plan, rest and 9 blocks (session 35's pick), two
-    # rounds in opposite orders
+    # 1.56B): the stores on one fixed plan, rest and 10 blocks (session 35's pick was rest
+    # and 9), two rounds in opposite orders
     "s36-nt10": [(185, PY + [B + "stream_ab.py", "--variants", v, "--skip-tests", "--steps",
                              "8", "--tag", tag])
                  for v, tag in (("fixed-10,nt-10", "s36e"), ("nt-10,fixed-10", "s36f"))],

@@ -104,7 +104,7 @@ VARIANTS = {  # name: bench/stream.py flags (session 5's NOTES, "Next GPU sessio
     "nt": ["--copy-stores", "stream"],
     # Session 36: nt against balance moved with the planner's pick (1.44B or 1.56B device
     # params in either variant, the fewer faster in both rounds): the stores on a fixed plan
-    # (rest and 9 blocks, session 35's pick), against fixed-10
+    # (rest and 10 blocks), against fixed-10; 0.883 and 0.880 s against 0.871: no faster
     "nt-10": ["--copy-stores", "stream", "--gpu-updates", "10"],
     # session 34: rest's m, v from the compute stream's pool became the default (the h2d
     # stream's pool kept a 1.6 GB segment for them at 3b-16k); this is the rule before it
