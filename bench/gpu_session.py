@@ -788,6 +788,10 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
                               "tests/stream/test_gpu.py"]),
                   (170, PY + ["-m", "pytest", "-q", "-rs", "--durations=5",
                               "tests/gemm/test_gemm_gpu.py"])],
+    # nvidia-h200 (session 37): the user's commands on the GPU at HEAD (the demo, train 1b,
+    # SIGKILL then --resume, plan, gemm, embed, bad input); `outcore train` last ran on a
+    # GPU in session 6
+    "s37-cli": [(560, PY + [B + "cli_gpu.py", "--out", "cli-h200"])],
     # nvidia-h200 (written in session 25): tf32x3's error on Gram matrices by BIG_CHUNK
     "s26-gram": [(120, PY + [B + "diag/x3_gram.py"])],
     # nvidia-h200 (session 22): 3b-16k outcore alone, 8 measured steps each: the balance
