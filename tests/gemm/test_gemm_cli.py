@@ -22,6 +22,20 @@ def test_gemm_runs_checks_and_reports(capsys):
     out = capsys.readouterr().out
     assert "TFLOP/s" in out and "moved" in out and "minimum" in out
     assert "check: 20 sampled entries" in out and ": ok" in out
+    assert "(warm-up); median of the 1 after it" in out   # the first product is not timed
+
+
+def test_gemm_default_repeat_is_a_warmup_then_a_median(capsys):
+    """The default runs 3 products: the first a warm-up, the median of the other 2 shown."""
+    args = _parse("gemm --m 20 --n 30 --k 40 --devices cpu --check 8")
+    assert args.repeat == 3 and args.func(args) == 0
+    out = capsys.readouterr().out
+    line = next(ln for ln in out.splitlines() if ln.startswith("first product"))
+    times = [float(x) for x in line.split("(")[-1].rstrip(")").split(", ")]
+    assert len(times) == 2 and f"after it {max(times):.3f} s" in line
+    args = _parse("gemm --m 20 --n 30 --k 40 --devices cpu --check 8 --repeat 1")
+    assert args.func(args) == 0
+    assert "one product" in capsys.readouterr().out
 
 
 def test_gemm_memmap_bf16_compute(tmp_path, capsys):
