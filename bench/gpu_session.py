@@ -792,6 +792,15 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
     # SIGKILL then --resume, plan, gemm, embed, bad input); `outcore train` last ran on a
     # GPU in session 6
     "s37-cli": [(560, PY + [B + "cli_gpu.py", "--out", "cli-h200"])],
+    # nvidia-h200 (session 37): `outcore gemm` after its warm-up fix, the swap and embed GPU
+    # tests (last run in session 29), then the whole suite with the GPU visible, but for
+    # the stream and gemm GPU modules (run at 425b2ca in s36-tests; their code is the same)
+    "s37-check": [(90, PY + [B + "cli_gpu.py", "--only", "plan-gemm", "--out", "cli-h200-gemm"]),
+                  (120, PY + ["-m", "pytest", "-q", "-rs", "-p", "no:warnings",
+                              "tests/swap/test_swap_cuda.py", "tests/embed/test_fused.py"]),
+                  (360, PY + ["-m", "pytest", "-q", "-rs", "-p", "no:warnings", "--durations=10",
+                              "tests", "--ignore=tests/stream/test_gpu.py",
+                              "--ignore=tests/gemm/test_gemm_gpu.py", "--ignore=tests/bench"])],
     # nvidia-h200 (written in session 25): tf32x3's error on Gram matrices by BIG_CHUNK
     "s26-gram": [(120, PY + [B + "diag/x3_gram.py"])],
     # nvidia-h200 (session 22): 3b-16k outcore alone, 8 measured steps each: the balance
