@@ -800,7 +800,7 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
                               "tests/swap/test_swap_cuda.py", "tests/embed/test_fused.py"]),
                   (360, PY + ["-m", "pytest", "-q", "-rs", "-p", "no:warnings", "--durations=10",
                               "tests", "--ignore=tests/stream/test_gpu.py",
-                              "--ignore=tests/gemm/test_gemm_gpu.py", "--ignore=tests/bench"])],
+                              "--ignore=tests/gemm/test_gemm_gpu.py"])],
     # nvidia-h200 (written in session 25): tf32x3's error on Gram matrices by BIG_CHUNK
     "s26-gram": [(120, PY + [B + "diag/x3_gram.py"])],
     # nvidia-h200 (session 22): 3b-16k outcore alone, 8 measured steps each: the balance
