@@ -801,6 +801,12 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
                   (360, PY + ["-m", "pytest", "-q", "-rs", "-p", "no:warnings", "--durations=10",
                               "tests", "--ignore=tests/stream/test_gpu.py",
                               "--ignore=tests/gemm/test_gemm_gpu.py"])],
+    # nvidia-h200 (session 37): s37-check's suite ran out of its 360 s at ~90% with 6
+    # failures (parallel.py --smoke on CUDA ranks; a fake engine asked for CUDA streams):
+    # the suite again after their fix, over 6 processes
+    "s37-suite": [(540, PY + ["-m", "pytest", "-q", "-rs", "-p", "no:warnings", "-n", "6",
+                              "--durations=15", "tests", "--ignore=tests/stream/test_gpu.py",
+                              "--ignore=tests/gemm/test_gemm_gpu.py"])],
     # nvidia-h200 (written in session 25): tf32x3's error on Gram matrices by BIG_CHUNK
     "s26-gram": [(120, PY + [B + "diag/x3_gram.py"])],
     # nvidia-h200 (session 22): 3b-16k outcore alone, 8 measured steps each: the balance

@@ -119,6 +119,8 @@ def run_case(case: dict, limit_s: float) -> dict:
     for r in range(case["nproc"]):
         env = dict(os.environ, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(case["nproc"]),
                    MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        if case.get("cpu"):   # --smoke: CPU ranks on gloo even where GPUs are visible
+            env["CUDA_VISIBLE_DEVICES"] = ""
         procs.append(subprocess.Popen([sys.executable, __file__, "--worker", json.dumps(case)],
                                       env=env, stderr=subprocess.PIPE, text=True))
     t0 = time.monotonic()
@@ -188,7 +190,8 @@ def main() -> None:
     host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     size, seq, rpg, micro = ("tiny", 64, 2, 1) if smoke else ("3b", 2048, 8, 2)
     steps, warm = (3, 1) if smoke else (8, 3)
-    c = dict(size=size, seq=seq, rows_per_gpu=rpg, micro=micro, steps=steps, warmup=warm)
+    c = dict(size=size, seq=seq, rows_per_gpu=rpg, micro=micro, steps=steps, warmup=warm,
+             cpu=smoke)
     cases = [dict(c, name="3b-1gpu", nproc=1), dict(c, name=f"3b-{N}gpu", nproc=N),
              dict(c, name="3b-slowed-equal", nproc=N, slow_rank=N - 1),
              dict(c, name="3b-slowed-measured", nproc=N, slow_rank=N - 1, shares="measured",

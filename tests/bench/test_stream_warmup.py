@@ -61,6 +61,8 @@ def test_warmup_waits_for_the_planner(monkeypatch, moves_after, tuning_until, wa
     monkeypatch.setattr(outcore, "Engine", type("E", (FakeEngine,), {
         "moves_after": moves_after, "tuning_until": tuning_until}))
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    # the fake engine has no CUDA streams to report, on a GPU machine too
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     args = argparse.Namespace(size="tiny", layers=None, fused_norm=False, compiled=False,
                               micro=0, clip=None, held_gpu_updates="0", gpu_memory=None,
                               full_recompute=False, update_order="tail", tune_updates=False,
