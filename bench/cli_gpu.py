@@ -41,8 +41,8 @@ def run(argv: list[str], timeout: float, log: list[str]) -> tuple[int, str, floa
         p = subprocess.run(argv, env=ENV, capture_output=True, text=True, timeout=timeout)
         rc, text = p.returncode, p.stdout + p.stderr
     except subprocess.TimeoutExpired as e:
-        rc, text = 124, (e.stdout or b"").decode(errors="replace") if isinstance(
-            e.stdout, bytes) else (e.stdout or "")
+        out = e.stdout or b""     # bytes here, though text=True (the run was cut)
+        rc, text = 124, out.decode(errors="replace") if isinstance(out, bytes) else out
     wall = time.perf_counter() - t0
     log.append(f"$ {' '.join(argv)}\n[rc {rc}, {wall:.1f} s]\n{text}\n")
     return rc, text, wall
