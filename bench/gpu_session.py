@@ -807,6 +807,12 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
     "s37-suite": [(540, PY + ["-m", "pytest", "-q", "-rs", "-p", "no:warnings", "-n", "6",
                               "--durations=15", "tests", "--ignore=tests/stream/test_gpu.py",
                               "--ignore=tests/gemm/test_gemm_gpu.py"])],
+    # nvidia-h200 (session 38): `outcore plan`'s step (the engine's step model on measured
+    # rates, plan_step.py) against measured steps; then `outcore gemm`'s 4-product default
+    "s38-plan": [(470, PY + [B + "plan_gpu.py", "--cases",
+                             "3b-16k,train-1b,1b-16k,7b-16k,3b-64k",
+                             "--measure", "3b-16k,train-1b,1b-16k"]),
+                 (90, PY + [B + "cli_gpu.py", "--only", "plan-gemm", "--out", "cli-h200-s38"])],
     # nvidia-h200 (written in session 25): tf32x3's error on Gram matrices by BIG_CHUNK
     "s26-gram": [(120, PY + [B + "diag/x3_gram.py"])],
     # nvidia-h200 (session 22): 3b-16k outcore alone, 8 measured steps each: the balance

@@ -22,6 +22,10 @@ def register(sub) -> None:
                    "B/param instead of 16")
     p.add_argument("--host-weight-copy", action="store_true", help="16-bit copies of the "
                    "weights on the host (+2 B/param; bfloat16 only)")
+    p.add_argument("--seq-len", type=int, default=2048, help="tokens per sequence, for the "
+                   "timed block's attention (default 2048)")
+    p.add_argument("--compile-kernels", action="store_true", help="time the block with its "
+                   "torch.compile'd kernels, as `train --compile-kernels` runs it")
     p.add_argument("--device", default="auto", help="device to calibrate: auto, cpu, cuda:N")
     p.add_argument("--no-calibrate", action="store_true", help="skip the step-time estimate")
     p.set_defaults(func=_run)
@@ -30,9 +34,11 @@ def register(sub) -> None:
 def _run(args) -> int:
     import torch
 
+    from .models import SIZES
     from .planner import calibrate, host_available, make_plan, model_shape
-    if args.tokens_per_step < 1 or (args.micro_tokens is not None and args.micro_tokens < 1):
-        raise OutcoreError("--tokens-per-step and --micro-tokens must be >= 1")
+    if args.tokens_per_step < 1 or (args.micro_tokens is not None and args.micro_tokens < 1) \
+            or args.seq_len < 1:
+        raise OutcoreError("--tokens-per-step, --micro-tokens and --seq-len must be >= 1")
     device = args.device
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -43,15 +49,27 @@ def _run(args) -> int:
     shape = model_shape(args.model)
     dtype = getattr(torch, args.compute_dtype)
     calib = None if args.no_calibrate else calibrate(device, dtype)
+    block_s = None
+    if calib is not None and args.model in SIZES:
+        from dataclasses import replace
+
+        from .plan_step import block_seconds
+        cfg = replace(SIZES[args.model], compiled=args.compile_kernels,
+                      max_seq=max(SIZES[args.model].max_seq, args.seq_len))
+        block_s = block_seconds(cfg, device, dtype, args.micro_tokens or args.tokens_per_step,
+                                args.seq_len)
     plan = make_plan(shape, tokens_per_step=args.tokens_per_step, micro_tokens=args.micro_tokens,
                      gpu_limit=gpu, host_limit=host, clip=not args.no_clip,
                      compute_itemsize=dtype.itemsize, calib=calib,
-                     host_copy=args.host_weight_copy and dtype.itemsize == 2)
+                     host_copy=args.host_weight_copy and dtype.itemsize == 2,
+                     block_s_per_token=block_s)
     if calib is not None:
         h2d = f", host->device {calib.h2d / 1e9:.1f} GB/s" if calib.h2d else ""
         print(f"calibration ({device}): matmul {calib.flops / 1e12:.2f} TFLOP/s "
               f"({args.compute_dtype}), host memcpy {calib.host_copy / 1e9:.1f} GB/s{h2d}, "
-              f"CPU AdamW {calib.adamw / 1e9:.2f} G params/s")
+              f"CPU AdamW {calib.adamw / 1e9:.2f} G params/s"
+              + (f" ({calib.adamw_loaded / 1e9:.2f} under copies both ways)"
+                 if calib.adamw_loaded else ""))
     print("\n".join(plan.lines()))
     why = plan.refusal()
     if why:

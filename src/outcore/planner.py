@@ -65,7 +65,8 @@ class Calibration:
     flops: float            # matmul in the compute dtype on `device`
     host_copy: float        # host memcpy
     h2d: float | None       # pinned host -> device (None on the CPU)
-    adamw: float            # CPU AdamW, params/s
+    adamw: float            # CPU AdamW, params/s, its state out of cache
+    adamw_loaded: float | None = None   # the same while pinned copies run both ways (GPU)
 
 
 def _timed(fn, reps: int, sync) -> float:
@@ -78,6 +79,9 @@ def _timed(fn, reps: int, sync) -> float:
     return (time.perf_counter() - t) / reps
 
 
+ADAMW_PARAMS = 1 << 24   # 16M: p, grad, m, v are 256 MB, past any CPU cache
+
+
 def calibrate(device: str = "cpu", dtype: torch.dtype = torch.float32) -> Calibration:
     """A second or so of measurements on `device`."""
     cuda = device.startswith("cuda")
@@ -88,19 +92,46 @@ def calibrate(device: str = "cpu", dtype: torch.dtype = torch.float32) -> Calibr
     src = torch.empty(32 << 20, dtype=torch.uint8)
     dst = torch.empty_like(src)
     host_copy = src.numel() / _timed(lambda: dst.copy_(src), 3, lambda: None)
-    h2d = None
-    if cuda:
-        pinned = torch.empty(256 << 20, dtype=torch.uint8, pin_memory=True)
-        dev = torch.empty_like(pinned, device=device)
-        h2d = pinned.numel() / _timed(lambda: dev.copy_(pinned, non_blocking=True), 3, sync)
-    p = torch.zeros(1 << 21, requires_grad=True)
+    p = torch.zeros(ADAMW_PARAMS, requires_grad=True)
     p.grad = torch.randn_like(p)
     try:
         opt = torch.optim.AdamW([p], lr=1e-3, fused=True)
     except (RuntimeError, TypeError):
         opt = torch.optim.AdamW([p], lr=1e-3, foreach=True)
     adamw = p.numel() / _timed(opt.step, 3, lambda: None)
-    return Calibration(device, flops, host_copy, h2d, adamw)
+    h2d = loaded = None
+    if cuda:
+        pinned = torch.empty(256 << 20, dtype=torch.uint8, pin_memory=True)
+        back = torch.empty_like(pinned, pin_memory=True)
+        dev = torch.empty_like(pinned, device=device)
+        h2d = pinned.numel() / _timed(lambda: dev.copy_(pinned, non_blocking=True), 3, sync)
+        loaded = _adamw_under_copies(opt, p.numel(), pinned, back, dev, h2d, sync)
+    return Calibration(device, flops, host_copy, h2d, adamw, loaded)
+
+
+def _adamw_under_copies(opt, numel: int, pinned, back, dev, h2d: float, sync) -> float:
+    """The CPU AdamW's rate while pinned copies run both ways, as in a streamed step (they
+    share the host's memory bandwidth with it)."""
+    ins, outs = torch.cuda.Stream(dev.device), torch.cuda.Stream(dev.device)
+    other = torch.empty_like(dev)
+    reps = 3
+    # enough copies queued to outlast the AdamW steps at a third of their rate alone
+    per_copy = pinned.numel() / h2d
+    t0 = time.perf_counter()
+    opt.step()
+    copies = max(4, int(3 * reps * (time.perf_counter() - t0) / per_copy) + 2)
+    with torch.cuda.stream(ins):
+        for _ in range(copies):
+            dev.copy_(pinned, non_blocking=True)
+    with torch.cuda.stream(outs):
+        for _ in range(copies):
+            back.copy_(other, non_blocking=True)
+    t = time.perf_counter()
+    for _ in range(reps):
+        opt.step()
+    s = (time.perf_counter() - t) / reps
+    sync()   # host sync: the queued copies finish before their buffers go
+    return numel / s
 
 
 @dataclass
@@ -158,6 +189,24 @@ class Plan:
                     f"{fmt_bytes(self.gpu_limit)}: lower --micro-batch-size or raise --gpu-memory")
         return None
 
+    def _step_line(self) -> str:
+        t, n = self.step_s, self.tokens_per_step
+        lo, hi = min(t["step"]), max(t["step"])
+        how = "one block timed" if t["timed_block"] else "at the matmul rate"
+        span = f"~{lo:.3f} s" if hi - lo < 0.0005 else f"~{lo:.3f}-{hi:.3f} s"
+        rate = f"{n / hi:,.0f}" if hi - lo < 0.0005 else f"{n / hi:,.0f}-{n / lo:,.0f}"
+        bound = "compute" if hi <= 1.05 * t["compute"] else "the host (CPU AdamW and copies)"
+        line = f"step ({n:,} tokens): compute {t['compute']:.3f} s ({how}), "
+        if "rates" not in t:
+            return (line + f"CPU AdamW {t['optimizer']:.3f} s after it -> {span} "
+                    f"({rate} tokens/s; bound by {bound})")
+        r = " and ".join(f"{x / 1e9:.2f}" for x in t["rates"])
+        g = "/".join(str(x) for x in t["groups"])
+        where = (f"{g} blocks updated as they load (held updates: clipping)" if t["held"]
+                 else f"AdamW of {g} groups on the GPU")
+        return (line + f"CPU AdamW at {r} G params/s (alone, under copies), {where} -> "
+                f"{span} ({rate} tokens/s; bound by {bound})")
+
     def lines(self) -> list[str]:
         s = self.shape
         dev = "fits" if self.fits_device else "DOES NOT FIT"
@@ -183,11 +232,7 @@ class Plan:
             f"({fmt_bytes(on_dev)} on the device, the rest in pinned host memory)",
         ]
         if self.step_s:
-            t = self.step_s
-            out.append(f"step ({self.tokens_per_step:,} tokens): compute {t['compute']:.3f} s, "
-                       f"host->device {t['h2d']:.3f} s, CPU AdamW {t['optimizer']:.3f} s "
-                       f"-> ~{t['step']:.3f} s ({self.tokens_per_step / t['step']:,.0f} "
-                       f"tokens/s; bound by {t['bound']})")
+            out.append(self._step_line())
         out.append(f"verdict: {'fits' if self.fits else 'DOES NOT FIT'}")
         return out
 
@@ -195,7 +240,7 @@ class Plan:
 def make_plan(shape: ModelShape, *, tokens_per_step: int, micro_tokens: int | None = None,
               gpu_limit: int | None = None, host_limit: int | None = None, clip: bool = True,
               compute_itemsize: int = 2, calib: Calibration | None = None,
-              host_copy: bool = False) -> Plan:
+              host_copy: bool = False, block_s_per_token: float | None = None) -> Plan:
     """Bytes (and with `calib`, seconds) of one step.
 
     host_copy: the engine keeps 16-bit copies of the weights on the host (+2 B/param) and
@@ -203,6 +248,9 @@ def make_plan(shape: ModelShape, *, tokens_per_step: int, micro_tokens: int | No
 
     micro_tokens None: the whole step when it fits `gpu_limit`, else the largest halving
     of it (down to one 1024-token piece) whose working set fits.
+
+    block_s_per_token: one block's measured compute (plan_step.block_seconds); None: the
+    compute at the calibrated matmul rate.
     """
     fake = SimpleNamespace(groups=[SimpleNamespace(numel=shape.rest_params)] +
                            [SimpleNamespace(numel=shape.block_params)] * shape.layers,
@@ -230,17 +278,22 @@ def make_plan(shape: ModelShape, *, tokens_per_step: int, micro_tokens: int | No
                 fixed, work, ckpt, gpu_limit, held_grads=clip, host_copy=host_copy,
                 staged_grad_bytes=staged)
     if calib is not None:
-        compute = 8 * shape.params * tokens_per_step / calib.flops  # fwd + recompute + bwd
-        wb = 2 if host_copy else 4     # bytes a pass loads per param (fp32 or the copy)
-        h2d = 2 * wb * shape.params / calib.h2d if calib.h2d else 0.0  # blocks, twice
-        opt = shape.params / calib.adamw
-        parts = {"compute": compute, "host->device copies": h2d, "CPU AdamW": opt}
-        bound = max(parts, key=parts.get)
-        # On a GPU the three overlap; on the CPU compute and AdamW share the cores.
-        step = max(parts.values()) if calib.h2d else compute + opt
-        plan.step_s = {"compute": compute, "h2d": h2d, "optimizer": opt, "step": step,
-                       "bound": bound}
+        plan.step_s = step_estimate(plan, calib, block_s_per_token)
     return plan
+
+
+def step_estimate(plan: Plan, calib: Calibration, block_s_per_token: float | None) -> dict:
+    """Seconds of one step (plan_step.py). On a GPU: the engine's step model at the CPU
+    AdamW's rate alone and under copies (a range); on the CPU: compute, then the AdamW."""
+    from .plan_step import compute_seconds, predict
+    s = plan.shape
+    compute = compute_seconds(s, plan.tokens_per_step, calib.flops, block_s_per_token)
+    opt = s.params / calib.adamw
+    est = {"compute": compute, "optimizer": opt, "timed_block": block_s_per_token is not None}
+    if not calib.h2d:   # the CPU does both, one after the other
+        return {**est, "step": [compute + opt], "groups": [0], "held": plan.held_grads}
+    rates = sorted({calib.adamw, calib.adamw_loaded or calib.adamw}, reverse=True)
+    return {**est, **predict(plan, compute, rates), "rates": rates}
 
 
 def host_available() -> int | None:

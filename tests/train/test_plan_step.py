@@ -1,0 +1,77 @@
+"""`outcore plan`'s step estimate (plan_step.py): the engine's step model on measured rates."""
+
+import torch
+
+from outcore.models import SIZES
+from outcore.plan_step import (block_seconds, compute_seconds, device_groups_room,
+                               held_step, streamed_step)
+from outcore.planner import Calibration, make_plan, model_shape
+
+GIB = 1 << 30
+
+
+def _plan(size="3b", tokens=16384, gpu=int(14.5 * GIB), clip=False, copy=True):
+    return make_plan(model_shape(size), tokens_per_step=tokens, gpu_limit=gpu,
+                     host_limit=None, clip=clip, host_copy=copy)
+
+
+def test_a_slower_cpu_moves_more_adamw_to_the_gpu_and_lengthens_the_step():
+    p = _plan()
+    fast, n_fast = streamed_step(p, 0.7, 4.3e9)
+    slow, n_slow = streamed_step(p, 0.7, 2.5e9)
+    assert 0.7 <= fast < slow
+    assert n_slow > n_fast >= 1
+    # with no room for a ring of block states, at most rest updates on the GPU
+    tight = _plan("7b")
+    assert device_groups_room(tight) == (True, False)
+    assert streamed_step(tight, 1.4, 2.5e9)[1] <= 1
+
+
+def test_a_fast_cpu_leaves_a_compute_bound_step():
+    p = _plan()
+    step, _ = streamed_step(p, 5.0, 50e9)
+    assert step < 5.0 * 1.05
+
+
+def test_held_updates_wait_for_backward_then_share_the_blocks():
+    p = _plan("1b", tokens=4096, clip=True, copy=False)
+    s = p.shape
+    # an unlimited CPU: backward, then a forward that waits only for its loads
+    from outcore.stream.balance import LINK_BPS
+    loads = s.layers * 4 * s.block_params / LINK_BPS
+    free = held_step(p, 0.2, 1e18)[0]
+    assert 0.2 <= free <= 0.2 * 0.7 + max(0.2 * 0.3, loads + 0.2 * 0.3 / s.layers) + 1e-9
+    step, k = held_step(p, 0.2, 2.5e9)
+    assert k > 0 and step > 0.2
+    # never worse than all on the CPU, whose wait is at least rest's and the last block's
+    all_cpu = 0.2 * 0.7 + s.params / 2.5e9 + 0.2 * 0.3 / s.layers
+    assert step <= all_cpu + 1e-9
+
+
+def test_compute_falls_back_to_the_matmul_rate():
+    s = model_shape("125m")
+    assert compute_seconds(s, 1024, 1e12, None) == 8 * s.params * 1024 / 1e12
+    timed = compute_seconds(s, 1024, 1e12, 1e-6)
+    assert timed == s.layers * 1e-6 * 1024 + 6 * s.dim * s.vocab * 1024 / 1e12
+
+
+def test_one_block_is_timed_on_the_cpu():
+    t = block_seconds(SIZES["tiny"], "cpu", torch.float32, tokens=512, seq=128)
+    assert 0 < t < 1
+
+
+def test_the_plan_prints_a_range_on_a_gpu_calibration():
+    calib = Calibration("cuda", flops=700e12, host_copy=50e9, h2d=50e9, adamw=4.3e9,
+                        adamw_loaded=2.5e9)
+    p = make_plan(model_shape("3b"), tokens_per_step=16384, gpu_limit=int(14.5 * GIB),
+                  host_limit=None, clip=False, host_copy=True, calib=calib,
+                  block_s_per_token=1.3e-6)
+    lo, hi = p.step_s["step"]
+    assert lo < hi and p.step_s["rates"] == [4.3e9, 2.5e9]
+    line = next(x for x in p.lines() if x.startswith("step ("))
+    assert "(one block timed)" in line and "4.30 and 2.50 G params/s" in line
+    assert f"~{lo:.3f}-{hi:.3f} s" in line and "groups on the GPU" in line
+    held = make_plan(model_shape("3b"), tokens_per_step=16384, gpu_limit=int(14.5 * GIB),
+                     host_limit=None, clip=True, calib=calib)
+    assert "blocks updated as they load (held updates" in "\n".join(held.lines())
+    assert "(at the matmul rate)" in "\n".join(held.lines())
