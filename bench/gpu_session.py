@@ -813,6 +813,12 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
                              "3b-16k,train-1b,1b-16k,7b-16k,3b-64k",
                              "--measure", "3b-16k,train-1b,1b-16k"]),
                  (90, PY + [B + "cli_gpu.py", "--only", "plan-gemm", "--out", "cli-h200-s38"])],
+    # nvidia-h200 (session 38): s38-plan's CPU AdamW calibration ran in the host's L3 (8-16 G
+    # params/s against the engine's 4.3-4.8): the plans again on 1 GiB of AdamW state, the
+    # two bench cases s38-plan did not run measured
+    "s38-plan2": [(540, PY + [B + "plan_gpu.py", "--cases",
+                              "3b-16k,train-1b,1b-16k,7b-16k,3b-64k",
+                              "--measure", "7b-16k,3b-64k"])],
     # nvidia-h200 (written in session 25): tf32x3's error on Gram matrices by BIG_CHUNK
     "s26-gram": [(120, PY + [B + "diag/x3_gram.py"])],
     # nvidia-h200 (session 22): 3b-16k outcore alone, 8 measured steps each: the balance
