@@ -52,7 +52,7 @@ def measured(case: str, tmp: Path, log: list[str]) -> dict:
         out = f"plan-measure-{case}"
         rc, _, _ = run([sys.executable, str(common.ROOT / "bench" / "stream.py"), "--cases",
                         case, "--systems", "outcore", "--compiled", "--largest", "0",
-                        "--skip-tests", "--out", out], 420, log)
+                        "--skip-tests", "--timeout", "360", "--out", out], 420, log)
         f = common.ROOT / "bench" / "results" / f"{out}.json"
         rows = [r for r in json.loads(f.read_text())["runs"]
                 if r.get("system") == "outcore"] if f.exists() else []
