@@ -25,8 +25,8 @@ def parse_bytes(value: str | int | float | None, what: str = "size") -> int | No
     if isinstance(value, bool):
         raise OutcoreError(f"{what}={value!r} is not a size: give bytes or a string like '16GiB'")
     if isinstance(value, (int, float)):
-        if value <= 0:
-            raise OutcoreError(f"{what}={value!r} must be positive")
+        if not value > 0 or value == float("inf"):   # nan fails both comparisons
+            raise OutcoreError(f"{what}={value!r} must be a positive, finite number of bytes")
         return int(value)
     m = _PATTERN.match(str(value))
     unit = m.group(2).lower() if m else None
@@ -34,7 +34,10 @@ def parse_bytes(value: str | int | float | None, what: str = "size") -> int | No
         raise OutcoreError(
             f"{what}={value!r} does not parse as a size: write a number and a unit such as "
             "'16GiB', '512MiB', '24GB' or a plain byte count")
-    n = int(float(m.group(1)) * _UNITS[unit])
+    x = float(m.group(1)) * _UNITS[unit]
+    if not 0 < x < float("inf"):
+        raise OutcoreError(f"{what}={value!r} must be a positive, finite size")
+    n = int(x)
     if n <= 0:
         raise OutcoreError(f"{what}={value!r} must be positive")
     return n

@@ -96,3 +96,45 @@ def test_gemm_strassen_runs_and_checks(capsys):
     assert args.func(args) == 2
     err = capsys.readouterr().err.strip()
     assert "drop tile=" in err and "\n" not in err
+
+
+@pytest.mark.parametrize("extra", ["--dtype bfloat16 --compute fp32",
+                                   "--dtype float32 --compute fp64"])
+def test_a_finer_compute_is_checked_at_the_stored_dtypes_tolerance(extra, capsys):
+    """The result is rounded to the stored dtype: fp32 data multiplied in fp64 is as exact
+    as fp32 storage, not as fp64."""
+    args = _parse(f"gemm --m 64 --n 64 --k 64 --devices cpu --repeat 1 --check 32 {extra}")
+    assert args.func(args) == 0
+    assert ": ok" in capsys.readouterr().out
+
+
+def test_a_nan_entry_fails_the_check():
+    a, b = torch.randn(8, 5), torch.randn(5, 6)
+    c = a @ b
+    c[2, 3] = float("nan")
+    idx = [(2, 3), (0, 0)]
+    worst, ratio = check_sampled(a, b, c, [0.0, 0.0], idx, False, False, 1.0, 0.0, "fp32")
+    assert worst == ratio == float("inf")
+
+
+@pytest.mark.parametrize("line,pattern", [
+    ("--check -1", "--check must be >= 0"),
+    ("--repeat 0", "--repeat >= 1"),
+    ("--alpha nan", "both must be finite"),
+    ("--m 1000000000 --n 1000000000 --k 1000000000", "of host memory but"),
+    ("--gpu-memory 1e400", "positive, finite"),
+])
+def test_more_bad_input_is_one_line_and_exit_2(line, pattern, capsys):
+    args = _parse(f"gemm --m 8 --n 8 --k 8 --devices cpu {line}".replace(
+        "--m 8 --n 8 --k 8 --devices cpu --m", "--devices cpu --m"))
+    assert args.func(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and pattern in err
+
+
+def test_memmap_naming_a_file_is_one_line(tmp_path, capsys):
+    f = tmp_path / "file"
+    f.write_text("x")
+    args = _parse(f"gemm --m 8 --n 8 --k 8 --devices cpu --memmap {f}")
+    assert args.func(args) == 2
+    assert "is a file: give a directory" in capsys.readouterr().err

@@ -97,3 +97,61 @@ def test_default_budget_counts_the_allocators_cached_memory_as_free(monkeypatch)
     # remembered plan
     state.update(free=100 * gib - (3 << 20), reserved=0, allocated=0)
     assert resolve_budget(None, dev) == before
+
+
+@pytest.mark.parametrize("out,pattern", [
+    (torch.zeros(1, 5).expand(6, 5), "strides \\(0, 4\\).*elements are distinct"),
+    (np.lib.stride_tricks.as_strided(np.zeros((6, 5), np.float32), (6, 5), (8, 4)),
+     "strides \\(8, 4\\)"),
+])
+def test_an_out_whose_elements_share_memory_is_refused(out, pattern):
+    a, b = (A.numpy(), B.numpy()) if isinstance(out, np.ndarray) else (A, B)
+    with pytest.raises(OutcoreError, match=pattern) as e:
+        matmul(a, b, out, devices="cpu")
+    one_line(e)
+
+
+def test_distinct_strided_outs_are_still_taken():
+    for out in (torch.zeros(5, 6).t(), torch.zeros(12, 10)[::2, ::2], torch.zeros(1, 5)):
+        a = A[:out.shape[0]]
+        matmul(a, B, out, devices="cpu")
+        assert torch.allclose(out, a @ B, atol=1e-6)
+
+
+@pytest.mark.parametrize("kwargs,pattern", [
+    (dict(gpu_memory=float("inf")), "positive, finite"),
+    (dict(gpu_memory=float("nan")), "positive, finite"),
+    (dict(gpu_memory="1e400"), "positive, finite"),
+    (dict(tile=4.0), "tile=4.0 is not valid"),
+    (dict(tile="8"), "tile='8' is not valid"),
+    (dict(devices=1.5), "devices=1.5 is not a device"),
+])
+def test_odd_budget_tile_and_devices_values_are_refused(kwargs, pattern):
+    with pytest.raises(OutcoreError, match=pattern) as e:
+        matmul(A, B, **{"devices": "cpu", **kwargs})
+    one_line(e)
+
+
+def test_numpy_integers_are_a_tile_and_a_device_count():
+    out = matmul(A, B, devices="cpu", tile=np.int64(4))
+    assert torch.allclose(out, A @ B, atol=1e-6)
+
+
+def test_an_out_that_requires_grad_is_written_as_data_also_when_k_is_0():
+    out = torch.ones(3, 4, requires_grad=True)
+    matmul(torch.zeros(3, 0), torch.zeros(0, 4), out, beta=2.0, devices="cpu")
+    assert torch.equal(out.detach(), torch.full((3, 4), 2.0)) and out.requires_grad
+    out2 = torch.ones(3, 4, requires_grad=True)
+    matmul(torch.ones(3, 2), torch.ones(2, 4), out2, beta=2.0, devices="cpu")
+    assert torch.equal(out2.detach(), torch.full((3, 4), 4.0))
+
+
+def test_inference_mode_reaches_every_worker_thread():
+    """torch keeps inference mode per thread: the tiles of an out made under it are
+    written by worker threads, which must enter it too."""
+    a, b = torch.randn(40, 30), torch.randn(30, 50)
+    with torch.inference_mode():
+        got = matmul(a, b, devices=["cpu", "cpu", "cpu"], tile=8)
+        out = torch.zeros(40, 50)
+        matmul(a, b, out, devices=["cpu", "cpu"], tile=16, beta=0.0)
+    assert torch.allclose(got, a @ b, atol=1e-5) and torch.allclose(out, a @ b, atol=1e-5)

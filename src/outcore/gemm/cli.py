@@ -10,6 +10,7 @@ to), and checks sampled entries of the result against float64 dot products.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import time
@@ -19,9 +20,10 @@ import torch
 
 from ..errors import OutcoreError
 from ..memory import pin_, unpin_
+from ..planner import host_available
 from ..units import fmt_bytes
 from .matmul import matmul
-from .computes import COMPUTE
+from .computes import COMPUTE, DEFAULT_COMPUTE
 
 _DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
 # allowed error, relative to sum_k |alpha a_ik b_kj| + |beta c_ij|
@@ -89,12 +91,17 @@ CHECK_CHUNK = 64   # sampled entries whose rows and columns are gathered at once
 
 
 def check_sampled(A, B, C, c0, idx, ta: bool, tb: bool, alpha: float, beta: float,
-                  compute: str):
-    """(largest error, largest error / tolerance) over the sampled entries (i, j) of C.
+                  compute: str, stored: str | None = None):
+    """(largest error, largest error / tolerance) over the sampled entries (i, j) of C; a
+    non-finite entry counts as an infinite error.
+
+    The tolerance is the compute's, or the stored dtype's arithmetic's where that is the
+    coarser (`stored`: fp32 data multiplied in fp64 still rounds its result to fp32).
 
     The rows of op(A) and columns of op(B) of CHECK_CHUNK entries are gathered in one
     indexing each (one pass over a memmap's pages, not one per entry: a column of a
     16384^2 matrix gathered alone took 12 ms on the development CPU)."""
+    tol = max(TOLERANCE[compute], TOLERANCE[stored] if stored else 0.0)
     worst = ratio = 0.0
     for s in range(0, len(idx), CHECK_CHUNK):
         ii = [int(i) for i, _ in idx[s:s + CHECK_CHUNK]]
@@ -105,9 +112,10 @@ def check_sampled(A, B, C, c0, idx, ta: bool, tb: bool, alpha: float, beta: floa
         ref = alpha * np.einsum("nk,nk->n", a, b) + beta * c_init
         scale = abs(alpha) * np.einsum("nk,nk->n", np.abs(a), np.abs(b)) + np.abs(beta * c_init)
         got = np.array([float(_as64(C, [i], [j])[0, 0]) for i, j in zip(ii, jj)])
-        err = np.abs(got - ref)
+        # nan -> inf: max() would pass a NaN over (max(0.0, nan) is 0.0)
+        err = np.nan_to_num(np.abs(got - ref), nan=np.inf)
         worst = max(worst, float(err.max()))
-        ratio = max(ratio, float((err / (TOLERANCE[compute] * scale + 1e-300)).max()))
+        ratio = max(ratio, float((err / (tol * scale + 1e-300)).max()))
     return worst, ratio
 
 
@@ -115,7 +123,7 @@ def run(args) -> int:
     """Run `outcore gemm`; 0 when the sampled check passes, 1 when it fails, 2 on bad input."""
     try:
         return _run(args)
-    except (OutcoreError, TypeError) as e:
+    except (OutcoreError, TypeError, OSError) as e:
         print(f"outcore gemm: error: {e}", file=sys.stderr)
         return 2
 
@@ -124,10 +132,23 @@ def _run(args) -> int:
     m, n, k = args.m, args.n, args.k
     if min(m, n, k) <= 0:
         raise OutcoreError(f"--m {m} --n {n} --k {k}: all three sizes must be positive")
+    if args.check < 0 or args.repeat < 1:
+        raise OutcoreError(f"--check {args.check} --repeat {args.repeat}: --check must be >= 0 "
+                           "and --repeat >= 1")
+    if not (math.isfinite(args.alpha) and math.isfinite(args.beta)):
+        raise OutcoreError(f"--alpha {args.alpha} --beta {args.beta}: both must be finite")
+    if args.memmap and os.path.exists(args.memmap) and not os.path.isdir(args.memmap):
+        raise OutcoreError(f"--memmap {args.memmap} is a file: give a directory for A, B and C")
     if args.memmap and args.dtype == "bfloat16":
         raise OutcoreError("--memmap stores numpy files, which have no bfloat16: use "
                            "--dtype float32 or float64")
     dtype = _DTYPES[args.dtype]
+    need = (m * k + k * n + m * n) * torch.empty((), dtype=dtype).element_size()
+    room = None if args.memmap else host_available()
+    if room is not None and need > room:
+        raise OutcoreError(f"A, B and C need {fmt_bytes(need)} of host memory but "
+                           f"{fmt_bytes(room)} is available: use smaller --m/--n/--k, or "
+                           "--memmap DIR to keep them in files")
     ta, tb = args.layout[0] == "T", args.layout[1] == "T"
     gen = torch.Generator().manual_seed(args.seed)
     if args.memmap:
@@ -174,7 +195,8 @@ def _run(args) -> int:
     else:
         print(f"one product, {shown.wall_s:.3f} s, one-time set-up included (--repeat 4 "
               f"reports the median after a warm-up)")
-    worst, ratio = check_sampled(A, B, C, c0, idx, ta, tb, args.alpha, args.beta, shown.compute)
+    worst, ratio = check_sampled(A, B, C, c0, idx, ta, tb, args.alpha, args.beta, shown.compute,
+                                 stored=DEFAULT_COMPUTE[dtype])
     es = torch.empty((), dtype=dtype).element_size()
     min_in = (m * k + k * n + (m * n if args.beta else 0)) * es
     print(shown.summary())
@@ -183,5 +205,6 @@ def _run(args) -> int:
           f"(minimum {fmt_bytes(m * n * es)})")
     ok = ratio <= 1.0
     print(f"check: {len(idx)} sampled entries against float64, max error {worst:.3g}, at most "
-          f"{ratio:.2g} of the {shown.compute} tolerance: {'ok' if ok else 'FAILED'}")
+          f"{ratio:.2g} of the tolerance ({shown.compute} arithmetic, {args.dtype} stored): "
+          f"{'ok' if ok else 'FAILED'}")
     return 0 if ok else 1

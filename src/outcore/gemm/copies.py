@@ -19,6 +19,7 @@ from ..memory import PinnedPool
 from ..transfer import Lanes, host_wait
 from .cudacopy import copy2d
 from .hostmat import HostMatrix
+from .threadmode import caller_mode
 
 _POOL: PinnedPool | None = None
 _POOL_LOCK = threading.Lock()
@@ -118,6 +119,7 @@ class _Writer:
         # at most two tiles waiting: the issuing thread blocks here if the host copy lags
         self.q: queue.Queue = queue.Queue(maxsize=2)
         self.error: BaseException | None = None
+        self.mode = caller_mode()
         self.thread = threading.Thread(target=self._loop, name="outcore-gemm-writer",
                                        daemon=True)
         self.thread.start()
@@ -135,7 +137,8 @@ class _Writer:
             event, base, buf, host, region = item
             try:
                 host_wait(event)   # host sync: the d2h copy into the staging buffer is done
-                host.write_from(region, buf)
+                with self.mode():
+                    host.write_from(region, buf)
             except BaseException as e:  # noqa: BLE001 - re-raised by put/close
                 self.error = e
             # Buffer reuse: the host copy above has read it, nothing on the GPU touches it.

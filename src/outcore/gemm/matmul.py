@@ -31,6 +31,7 @@ from .schedule import TileQueue, run_workers
 from .stats import DeviceStats, GemmStats
 from .strassen import make_strassen_plan
 from .strassen_worker import StrassenWorker
+from .threadmode import caller_mode
 from .validate import (check_matrix, check_out, dtype_of, op_shape, resolve_budget,
                        resolve_compute, resolve_devices)
 from .worker import DeviceWorker, GemmJob
@@ -74,9 +75,9 @@ def _scale(out, beta: float) -> None:
         else:
             out *= beta
     elif beta == 0:
-        out.zero_()
+        out.detach().zero_()   # detach: an out that requires grad is written as data
     else:
-        out.mul_(beta)
+        out.detach().mul_(beta)
 
 
 def matmul(A, B, out=None, *, transa: bool = False, transb: bool = False, alpha: float = 1.0,
@@ -243,11 +244,13 @@ class _BandThread(threading.Thread):
     def __init__(self, band: Band, stats: DeviceStats, tick):
         super().__init__(name="outcore-gemm-band", daemon=True)
         self.band, self.stats, self.tick, self.error = band, stats, tick, None
+        self.mode = caller_mode()
         self.start()
 
     def run(self) -> None:
         try:
-            self.band.run(self.stats, self.tick)
+            with self.mode():
+                self.band.run(self.stats, self.tick)
         except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
             self.error = e
 

@@ -20,9 +20,11 @@ first part of K over all tiles first, see `estimate_seconds`), from the device r
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
+import numpy as np
 import torch
 
 from ..errors import OutcoreError
@@ -226,15 +228,20 @@ def _piece(tm, tn, tk, host_dtype) -> int:
 
 
 def _tile_arg(tile):
-    """None | T | (tm, tn) | (tm, tn, tk) | (tm, tn, tk, pk) -> 4 values (None = auto)."""
+    """None | T | (tm, tn) | (tm, tn, tk) | (tm, tn, tk, pk) -> 4 values (None = auto).
+    Any integer type counts (numpy's too); floats, strings and bools do not."""
     if tile is None:
         return None, None, None, None
-    vals = (tile, tile) if isinstance(tile, int) else tuple(tile)
-    if not 2 <= len(vals) <= 4 or any(not isinstance(v, int) or isinstance(v, bool) or v <= 0
-                                      for v in vals):
+
+    def whole(v) -> bool:
+        return isinstance(v, numbers.Integral) and not isinstance(v, (bool, np.bool_)) and v > 0
+
+    vals = (tile, tile) if isinstance(tile, numbers.Integral) else (
+        tuple(tile) if isinstance(tile, (tuple, list)) else ())
+    if not 2 <= len(vals) <= 4 or not all(whole(v) for v in vals):
         raise OutcoreError(f"tile={tile!r} is not valid: give a positive int T (T x T tiles) or "
                            "a tuple (rows, cols[, depth[, copy piece depth]]) of positive ints")
-    return tuple(vals) + (None,) * (4 - len(vals))
+    return tuple(int(v) for v in vals) + (None,) * (4 - len(vals))
 
 
 def _fit(tm, tn, k, tk_req, pk_req, host_dtype, compute, budget):

@@ -19,6 +19,8 @@ import threading
 import time
 from typing import Callable, Sequence
 
+from .threadmode import caller_mode
+
 
 class TileQueue:
     """Tiles in order, claimed by devices under one lock; see the module docstring."""
@@ -113,10 +115,12 @@ def run_workers(queue: TileQueue, workers: Sequence, first: int = 1) -> None:
     claim (a worker may ask for its own sizes after that).
     """
     errors: list[BaseException] = []
+    mode = caller_mode()
 
     def body(dev: int, worker) -> None:
         try:
-            worker.run(Pull(queue, dev), first)
+            with mode():
+                worker.run(Pull(queue, dev), first)
         except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
             errors.append(e)
             queue.abort()

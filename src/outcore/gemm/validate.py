@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numbers
+
 import numpy as np
 import torch
 
@@ -72,6 +74,27 @@ def _span(x) -> tuple[int, int]:
     return lo, hi + es
 
 
+def _strides(x) -> tuple[int, ...]:
+    """x's strides in bytes."""
+    if isinstance(x, np.ndarray):
+        return tuple(x.strides)
+    return tuple(st * x.element_size() for st in x.stride())
+
+
+def _self_overlaps(x) -> bool:
+    """Could two elements of x share memory? Taken from the smallest stride up, each
+    dimension's stride must clear the bytes the dimensions below it span (a layout this
+    rejects without a shared element, such as interleaved strides, is not worth the risk
+    of writing one element twice)."""
+    es = x.itemsize if isinstance(x, np.ndarray) else x.element_size()
+    extent = es
+    for stride, size in sorted((abs(st), sz) for st, sz in zip(_strides(x), x.shape) if sz > 1):
+        if stride < extent:
+            return True
+        extent += (size - 1) * stride
+    return False
+
+
 def check_out(out, m: int, n: int, dtype: torch.dtype, a, b) -> None:
     check_matrix(out, "out")
     if tuple(out.shape) != (m, n):
@@ -83,6 +106,10 @@ def check_out(out, m: int, n: int, dtype: torch.dtype, a, b) -> None:
     if isinstance(out, np.ndarray) and not out.flags.writeable:
         raise OutcoreError("out is read-only (a memmap opened with mode 'r'?): open it with "
                            "mode 'r+' or 'w+'")
+    if _self_overlaps(out):
+        raise OutcoreError(f"out's elements share memory (strides {_strides(out)} for shape "
+                           f"{tuple(out.shape)}, e.g. from expand or as_strided): pass an out whose "
+                           "elements are distinct, e.g. out.contiguous() or a new array")
     lo, hi = _span(out)
     for x, name in ((a, "A"), (b, "B")):
         xlo, xhi = _span(x)
@@ -108,6 +135,11 @@ def resolve_devices(devices) -> list[torch.device]:
     n_gpu = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if devices is None:
         return [torch.device("cuda", i) for i in range(n_gpu)] or [torch.device("cpu")]
+    if isinstance(devices, numbers.Integral) and not isinstance(devices, bool):
+        devices = int(devices)   # numpy's integers too
+    if not isinstance(devices, (str, int, torch.device, list, tuple)):
+        raise OutcoreError(f"devices={devices!r} is not a device: use 'cpu', 'cuda:0', 0, "
+                           "'0,1' or a list like [0, 1]")
     if isinstance(devices, (str, int, torch.device)):
         devices = [d for d in str(devices).split(",") if d.strip()] if isinstance(
             devices, str) else [devices]
