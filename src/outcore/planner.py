@@ -100,13 +100,22 @@ ADAMW_PARAMS = 1 << 26
 COPY_BYTES = 512 << 20   # each way, while the AdamW is timed under copies
 
 
-def calibrate(device: str = "cpu", dtype: torch.dtype = torch.float32) -> Calibration:
-    """A second or so of measurements on `device`."""
+def matmul_rate(device: str = "cpu", dtype: torch.dtype = torch.float32) -> float:
+    """FLOP/s of a square matmul on `device` (4096^2 on a GPU, 512^2 on the CPU): the
+    peak `train` divides by for MFU; nothing large is allocated."""
     cuda = device.startswith("cuda")
     sync = (lambda: torch.cuda.synchronize(device)) if cuda else (lambda: None)
     n = 4096 if cuda else 512
     a = torch.randn(n, n, device=device, dtype=dtype)
-    flops = 2 * n ** 3 / _timed(lambda: a @ a, 10 if cuda else 3, sync)
+    return 2 * n ** 3 / _timed(lambda: a @ a, 10 if cuda else 5, sync)
+
+
+def calibrate(device: str = "cpu", dtype: torch.dtype = torch.float32) -> Calibration:
+    """A second or so of measurements on `device` (`outcore plan`; about 2 GiB of host
+    memory for the AdamW and the copies, freed on return)."""
+    cuda = device.startswith("cuda")
+    sync = (lambda: torch.cuda.synchronize(device)) if cuda else (lambda: None)
+    flops = matmul_rate(device, dtype)
     src = torch.ones(COPY_BYTES, dtype=torch.uint8)   # past the host's caches, as ADAMW_PARAMS
     dst = torch.empty_like(src)
     host_copy = src.numel() / _timed(lambda: dst.copy_(src), 2, lambda: None)
