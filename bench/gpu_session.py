@@ -822,6 +822,12 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
     # nvidia-h200 (session 38): 7b-16k's measured step, which s38-plan2's 150 s per run cut
     "s38-plan7b": [(450, PY + [B + "plan_gpu.py", "--cases", "7b-16k", "--measure", "7b-16k",
                                "--out", "plan-h200-7b"])],
+    # nvidia-h200 (session 38): the plans after ab51a55 (the AdamW's rate a median of 5),
+    # each case planned and measured in one call but 7b-16k (s38-plan7b)
+    "s38-plan3": [(560, PY + [B + "plan_gpu.py", "--cases",
+                              "3b-16k,train-1b,1b-16k,3b-64k,7b-16k",
+                              "--measure", "3b-16k,train-1b,1b-16k,3b-64k",
+                              "--out", "plan-h200-s38c"])],
     # nvidia-h200 (written in session 25): tf32x3's error on Gram matrices by BIG_CHUNK
     "s26-gram": [(120, PY + [B + "diag/x3_gram.py"])],
     # nvidia-h200 (session 22): 3b-16k outcore alone, 8 measured steps each: the balance
