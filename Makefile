@@ -19,6 +19,8 @@ $(BIN)/.installed: pyproject.toml
 venv: $(BIN)/.installed
 
 demo: venv
+	# a fresh run into outcore-demo each time (train refuses to overwrite a run's checkpoints)
+	rm -rf outcore-demo
 	$(BIN)/outcore train
 
 test: venv

@@ -122,7 +122,7 @@ def test_shared_host_store_is_reused_across_swaps():
 @pytest.mark.parametrize("call, err, text", [
     (lambda m: outcore.swap("model"), TypeError, "torch.nn.Module"),
     (lambda m: outcore.swap(m, gpu_memory="lots"), OutcoreError, "does not parse"),
-    (lambda m: outcore.swap(m, min_swap_bytes=-1), OutcoreError, "must be positive"),
+    (lambda m: outcore.swap(m, min_swap_bytes=-1), OutcoreError, "must be a positive"),
     (lambda m: outcore.swap(m, min_swap_bytes=None), OutcoreError, "not a size"),
     (lambda m: outcore.swap(m, swap_params="yes"), TypeError, "True or False"),
     (lambda m: outcore.swap(m, prefetch="1GiB"), TypeError, "unknown option"),
