@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -60,8 +61,17 @@ class TrainConfig:
         for name in ("save_every", "keep_last", "warmup_steps"):
             if getattr(self, name) < 0:
                 raise OutcoreError(f"{name}={getattr(self, name)} must be >= 0")
-        if not self.lr > 0:
-            raise OutcoreError(f"lr={self.lr} must be > 0")
+        # NaN compares false both ways, so each test below also refuses it
+        if not 0 < self.lr < math.inf:
+            raise OutcoreError(f"lr={self.lr} must be a finite number > 0")
+        if not 0 <= self.weight_decay < math.inf:
+            raise OutcoreError(f"weight_decay={self.weight_decay} must be a finite number >= 0")
+        if not 0 < self.eps < math.inf:
+            raise OutcoreError(f"eps={self.eps} must be a finite number > 0")
+        self.betas = check_betas(self.betas)
+        if self.max_grad_norm is not None and not self.max_grad_norm < math.inf:
+            raise OutcoreError(f"max_grad_norm={self.max_grad_norm} must be a finite number "
+                               "(0: no clipping)")
         if self.max_grad_norm is not None and self.max_grad_norm <= 0:
             self.max_grad_norm = None  # --max-grad-norm 0: no clipping
         if isinstance(self.host_weight_copy, bool):   # TrainConfig(...) built in code
@@ -73,6 +83,16 @@ class TrainConfig:
             raise OutcoreError(f"compute_dtype={self.compute_dtype!r}: use auto, float32, "
                                "bfloat16 or tf32")
         return self
+
+
+def check_betas(v) -> tuple[float, float]:
+    """AdamW's (beta1, beta2): two numbers in [0, 1), else a one-line error."""
+    ok = isinstance(v, (list, tuple)) and len(v) == 2 and all(
+        isinstance(b, (int, float)) and not isinstance(b, bool) and 0 <= b < 1 for b in v)
+    if not ok:
+        raise OutcoreError(f"betas={v!r} must be two numbers in [0, 1), e.g. "
+                           "betas = [0.9, 0.95]")
+    return (float(v[0]), float(v[1]))
 
 
 # --host-weight-copy's values: Engine(host_weight_copy=...)'s, by name
@@ -87,12 +107,22 @@ def load_toml(path: str | Path) -> dict:
     """The [train] table of a TOML file (or its top level), keys checked against TrainConfig."""
     p = Path(path)
     try:
-        data = tomllib.loads(p.read_text())
+        data = tomllib.loads(p.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise OutcoreError(f"--config {path}: no such file") from None
+    except IsADirectoryError:
+        raise OutcoreError(f"--config {path} is a directory: pass a TOML file") from None
+    except OSError as e:
+        raise OutcoreError(f"--config {path}: cannot read it ({e.strerror or e})") from None
+    except UnicodeDecodeError:
+        raise OutcoreError(f"--config {path} is not UTF-8 text: save it as UTF-8 TOML") \
+            from None
     except tomllib.TOMLDecodeError as e:
         raise OutcoreError(f"--config {path}: not valid TOML ({e})") from None
     table = data.get("train", data)
+    if not isinstance(table, dict):
+        raise OutcoreError(f"--config {path}: 'train' must be a table ([train] with "
+                           f"key = value lines), got {table!r}")
     keys = config_keys()
     for k in table:
         norm = k.replace("-", "_")
@@ -111,8 +141,8 @@ def build(file_values: dict, flag_values: dict) -> TrainConfig:
     for k, v in merged.items():
         if k not in types:
             raise OutcoreError(f"unknown config key {k!r}")
-        if k == "betas" and isinstance(v, (list, tuple)):
-            v = tuple(float(x) for x in v)
+        if k == "betas":
+            v = check_betas(v)
         setattr(cfg, k, _check_type(k, types[k], v))
     return dataclasses.replace(cfg).validate()
 

@@ -93,8 +93,13 @@ class SafetensorsInit:
         self.path, self._open = path, safe_open
         where: dict[str, Path] = {}
         for shard in shards:
-            with safe_open(str(shard), framework="pt") as f:
-                where.update({k: shard for k in f.keys()})
+            try:
+                with safe_open(str(shard), framework="pt") as f:
+                    where.update({k: shard for k in f.keys()})
+            except Exception as e:   # SafetensorError: a truncated or damaged file
+                why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                raise OutcoreError(f"--model {path}: {shard.name} is not a readable "
+                                   f"safetensors file ({why}): is it complete?") from None
         aliases: dict[int, list[str]] = {}
         for n, p in model.named_parameters(remove_duplicate=False):
             aliases.setdefault(id(p), []).append(n)
@@ -147,11 +152,14 @@ def _assign(model: nn.Module, name: str, t: torch.Tensor) -> None:
 
 
 def load_tokenizer(path: str):
+    """The checkpoint's tokenizer, None where it has none (no tokenizer files; for some
+    models transformers then builds one with an empty vocabulary)."""
     tf = _transformers()
     try:
-        return tf.AutoTokenizer.from_pretrained(path, local_files_only=True)
+        tok = tf.AutoTokenizer.from_pretrained(path, local_files_only=True)
     except (OSError, ValueError, TypeError):
         return None
+    return None if getattr(tok, "vocab_size", None) == 0 else tok
 
 
 def save_hf(model: nn.Module, tokenizer, out: Path) -> None:

@@ -42,13 +42,14 @@ class RunLog:
                       "(pip install tensorboard)", file=sys.stderr)
 
     def _truncate(self, step: int) -> None:
+        # A row that does not parse (a line cut by a crash, a second header) is dropped.
         if self.jsonl.exists():
             keep = [ln for ln in self.jsonl.read_text().splitlines()
-                    if ln.strip() and json.loads(ln)["step"] <= step]
+                    if _upto(_json(ln), step)]
             self.jsonl.write_text("".join(ln + "\n" for ln in keep))
         if self.csv.exists():
             with open(self.csv, newline="") as f:
-                rows = [r for r in csv.DictReader(f) if int(r["step"]) <= step]
+                rows = [r for r in csv.DictReader(f) if _upto(r, step)]
             with open(self.csv, "w", newline="") as f:
                 w = csv.DictWriter(f, fieldnames=COLUMNS)
                 w.writeheader()
@@ -74,3 +75,32 @@ class RunLog:
         self._cf.close()
         if self.tb is not None:
             self.tb.close()
+
+
+class NoLog:
+    """RunLog's interface, writing nothing: the ranks other than 0 of --nproc N."""
+
+    def write(self, row: dict) -> None:
+        pass
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _json(line: str) -> dict | None:
+    try:
+        row = json.loads(line)
+    except ValueError:
+        return None
+    return row if isinstance(row, dict) else None
+
+
+def _upto(row: dict | None, step: int) -> bool:
+    """Whether a row's step (1-based) parses and is at most `step`."""
+    try:
+        return row is not None and int(row["step"]) <= step
+    except (KeyError, TypeError, ValueError):
+        return False

@@ -42,6 +42,8 @@ def _run(args) -> int:
     device = args.device
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
+    from .stream.validate import resolve_device
+    resolve_device(device)   # a one-line error for a device that is not here
     gpu = parse_bytes(args.gpu_memory, "--gpu-memory")
     if gpu is None and device.startswith("cuda"):
         gpu = torch.cuda.get_device_properties(device).total_memory

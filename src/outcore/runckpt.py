@@ -20,9 +20,18 @@ import os
 import re
 import shutil
 import signal
+import sys
+import tempfile
 from pathlib import Path
+from typing import Callable
 
+import torch
+
+from .errors import OutcoreError
+from .stream.checkpoint import FORMAT as SINGLE_FORMAT
 from .stream.checkpoint import atomic_dir
+
+SHARDED_FORMAT = "outcore-sharded-1"   # parallel/checkpoint.py's FORMAT
 
 STEP_RE = re.compile(r"^step-(\d+)$")
 # Fault injection for the crash tests: SIGKILL this process in the middle of writing the
@@ -31,7 +40,15 @@ KILL_ENV = "OUTCORE_TEST_KILL_DURING_SAVE"
 
 
 def save_run(path: Path, engine, tokenizer, trainer_state: dict, hf: bool) -> None:
-    """Engine state + (HF models) a Hugging Face checkpoint with its tokenizer, atomically."""
+    """Engine state + (HF models) a Hugging Face checkpoint with its tokenizer, atomically.
+    Collective with a sharded engine: rank 0 writes the directory, the other ranks their
+    shards into rank 0's temporary directory (parallel/checkpoint.py)."""
+    if getattr(engine, "rank", 0):
+        engine.save(path / "outcore")   # the path is rank 0's: it broadcasts its own
+        if hf:
+            engine.model   # collective: rank 0 gathers the full weights for its HF copy
+        return
+
     def write(tmp: Path) -> None:
         engine.save(tmp / "outcore")
         if hf:
@@ -58,8 +75,125 @@ def list_checkpoints(out_dir: Path) -> list[tuple[int, Path]]:
                 found.append((int(m.group(1)), d))
     final = out_dir / "final"
     if is_complete(final):
-        found.append((json.loads((final / "trainer.json").read_text())["step"], final))
+        found.append((_step_of(final), final))
     return sorted(found, key=lambda t: (t[0], t[1].name == "final"))
+
+
+def _step_of(ck: Path) -> int:
+    """ck's step from trainer.json, else from the engine's state.json; a checkpoint whose
+    step cannot be read sorts newest, where --resume finds it and says what is wrong."""
+    for f in (ck / "trainer.json", ck / "outcore" / "state.json"):
+        try:
+            step = json.loads(f.read_text())["step"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if isinstance(step, int):
+            return step
+    return sys.maxsize
+
+
+def problem(ck: Path) -> str | None:
+    """What stops checkpoint ck from loading, in a few words (None: nothing found). Reads
+    its JSON files, RNG state and safetensors headers (a truncated file fails there), not
+    the tensors."""
+    from safetensors import safe_open
+    try:
+        step = json.loads((ck / "trainer.json").read_text())["step"]
+        if not isinstance(step, int):
+            return f"trainer.json's step is {step!r}"
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return f"trainer.json is unreadable ({_first_line(e)})"
+    eng = ck / "outcore"
+    try:
+        state = json.loads((eng / "state.json").read_text())
+        fmt, world = state["format"], int(state.get("world", 1))
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return f"outcore/state.json is unreadable ({_first_line(e)})"
+    if fmt == SINGLE_FORMAT:
+        files, rng = ["master.safetensors", "optim.safetensors"], ["rng.pt"]
+    elif fmt == SHARDED_FORMAT:
+        # rng-{r}.pt is optional: a job may resume on another number of ranks
+        files, rng = [f"shard-{r}.safetensors" for r in range(world)], []
+    else:
+        return f"unknown checkpoint format {fmt!r}"
+    for name in files:
+        try:
+            with safe_open(str(eng / name), "pt"):
+                pass
+        except Exception as e:   # SafetensorError (truncated), OSError (missing)
+            return f"outcore/{name} is missing or damaged ({_first_line(e)})"
+    for name in rng:   # a few KiB: read whole
+        try:
+            torch.load(eng / name, weights_only=False)
+        except Exception as e:   # FileNotFoundError, EOFError / RuntimeError (truncated)
+            return f"outcore/{name} is missing or damaged ({_first_line(e)})"
+    return None
+
+
+def pick_resume(out_dir: Path, say: Callable[[str], None], distributed: bool) -> Path | None:
+    """--resume: the newest checkpoint under out_dir that loads (a damaged one is skipped,
+    said in one line each), or None when there is none; before anything large is built.
+    distributed: under torchrun (a sharded checkpoint needs it)."""
+    removed = clean_partial(out_dir)
+    if removed:
+        say(f"--resume: removed {removed} partial checkpoint(s) left by a crash")
+    found = [ck for _, ck in reversed(list_checkpoints(out_dir))]
+    if not found:
+        say(f"--resume: no complete checkpoint in {out_dir}, starting from step 0")
+        return None
+    for ck in found:
+        why = problem(ck)
+        if why is None:
+            break
+        say(f"--resume: skipping {ck}: {why}")
+    else:
+        raise OutcoreError(f"--resume: no checkpoint in {out_dir} loads (the newest, "
+                           f"{found[0]}: {problem(found[0])}): restore it, or start "
+                           "over in a new --output-dir")
+    if checkpoint_format(ck) == SHARDED_FORMAT and not distributed:
+        world = json.loads((ck / "outcore" / "state.json").read_text()).get("world")
+        raise OutcoreError(f"--resume: {ck} was written by {world} ranks: pass --nproc N "
+                           f"(e.g. --nproc {world}) to resume it")
+    return ck
+
+
+def checkpoint_format(ck: Path) -> str | None:
+    """The engine state's format of a checkpoint that passed problem()."""
+    return json.loads((ck / "outcore" / "state.json").read_text()).get("format")
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+def check_output_dir(out_dir: Path, resume: bool) -> None:
+    """Before anything large is built: out_dir is a directory this process can write (made
+    if missing), and a fresh run does not write over an earlier run's checkpoints."""
+    if not resume and has_checkpoints(out_dir):
+        raise OutcoreError(f"--output-dir {out_dir} holds checkpoints of an earlier run: pass "
+                           "--resume to continue it, or a new --output-dir")
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".outcore-probe-", dir=out_dir)
+        os.close(fd)
+        os.unlink(probe)
+    except FileExistsError:
+        raise OutcoreError(f"--output-dir {out_dir} is a file: pass a directory") from None
+    except NotADirectoryError:
+        raise OutcoreError(f"--output-dir {out_dir}: part of that path is a file, not a "
+                           "directory: pass a directory path") from None
+    except OSError as e:
+        raise OutcoreError(f"--output-dir {out_dir} is not writable ({e.strerror or e}): "
+                           "pass a directory you can write to") from None
+
+
+def has_checkpoints(out_dir: Path) -> bool:
+    """Whether out_dir holds a final/ or a checkpoints/step-N/ directory (complete or not)."""
+    if (out_dir / "final").is_dir():
+        return True
+    ck = out_dir / "checkpoints"
+    return ck.is_dir() and any(STEP_RE.match(d.name) for d in ck.iterdir())
 
 
 def newest(out_dir: Path) -> Path | None:

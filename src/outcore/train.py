@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from tqdm.auto import tqdm
 
 from . import runckpt
@@ -42,7 +43,21 @@ def lr_at(cfg: TrainConfig, step: int) -> float:
 def _device(cfg: TrainConfig) -> str:
     if cfg.device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
+    from .stream.validate import resolve_device
+    resolve_device(cfg.device)   # a one-line error for a device that is not here
     return cfg.device
+
+
+def _distributed() -> bool:
+    """Under torchrun (--nproc N): the CLI has joined the process group."""
+    import torch.distributed as dist
+    return dist.is_available() and dist.is_initialized()
+
+
+def _rank() -> int:
+    """This process's rank under torchrun, else 0: only rank 0 prints, logs and samples."""
+    import torch.distributed as dist
+    return dist.get_rank() if _distributed() else 0
 
 
 def _dtype(cfg: TrainConfig, device: str):
@@ -120,14 +135,19 @@ def build_data(cfg: TrainConfig, tokenizer, vocab: int | None = None) -> PackedT
 
 
 @torch.no_grad()
-def generate(model, tokenizer, prompt: str, n: int, temperature: float = 0.8) -> str:
-    """Sample n tokens after `prompt` with the CPU master weights (small models only)."""
+def generate(model, tokenizer, prompt: str, n: int, temperature: float = 0.8) -> str | None:
+    """Sample n tokens after `prompt` with the CPU master weights (small models only);
+    None where the weights or the logits are not finite (a diverged run)."""
+    if not all(bool(torch.isfinite(p).all()) for p in model.parameters()):
+        return None
     ids = torch.as_tensor(tokenizer.encode(prompt), dtype=torch.long)[None]
     g = torch.Generator().manual_seed(0)
     max_seq = getattr(getattr(model, "cfg", None), "max_seq", 1024)
     for _ in range(n):
         out = model(input_ids=ids[:, -max_seq:])
         logits = out.logits[0, -1].float() / temperature
+        if not bool(torch.isfinite(logits).all()):
+            return None
         nxt = torch.multinomial(torch.softmax(logits, -1), 1, generator=g)
         ids = torch.cat([ids, nxt[None]], dim=1)
     return tokenizer.decode(ids[0].tolist())
@@ -136,8 +156,9 @@ def generate(model, tokenizer, prompt: str, n: int, temperature: float = 0.8) ->
 class _Signals:
     """SIGTERM/SIGINT set a flag; the loop saves a checkpoint and stops after the step."""
 
-    def __init__(self):
+    def __init__(self, quiet: bool = False):
         self.received: int | None = None
+        self.quiet = quiet   # ranks other than 0 save without saying so
         self._old = {}
 
     def __enter__(self):
@@ -149,22 +170,16 @@ class _Signals:
         if self.received is not None:  # a second signal: stop now, the old checkpoint stays
             raise KeyboardInterrupt
         self.received = signum
-        print(f"\noutcore: {signal.Signals(signum).name}: saving a checkpoint after this step",
-              flush=True)
+        if not self.quiet:
+            print(f"\noutcore: {signal.Signals(signum).name}: saving a checkpoint after this "
+                  "step", flush=True)
 
     def __exit__(self, *exc):
         for s, h in self._old.items():
             signal.signal(s, h)
 
 
-def _resume(cfg, out_dir: Path, model, data, global_batch: int, kw) -> Engine | None:
-    removed = runckpt.clean_partial(out_dir)
-    if removed:
-        print(f"--resume: removed {removed} partial checkpoint(s) left by a crash")
-    ck = runckpt.newest(out_dir)
-    if ck is None:
-        print(f"--resume: no complete checkpoint in {out_dir}, starting from step 0")
-        return None
+def _resume(cfg, ck: Path, model, data, global_batch: int, kw, say) -> Engine:
     st = json.loads((ck / "trainer.json").read_text())
     if st.get("data_fingerprint") != data.fingerprint:
         raise OutcoreError(f"--resume: {ck} was trained on other data (or another tokenizer): "
@@ -173,8 +188,16 @@ def _resume(cfg, out_dir: Path, model, data, global_batch: int, kw) -> Engine | 
         raise OutcoreError(f"--resume: {ck} used batch {st.get('global_batch')} x seq "
                            f"{st.get('seq_len')}; the data position needs the same "
                            "--batch-size x --grad-accum and --seq-len")
-    engine = Engine.load(ck / "outcore", model, **kw)
-    print(f"resumed from {ck} at step {engine.step_count}")
+    try:
+        engine = Engine.load(ck / "outcore", model, **kw)
+    except OutcoreError:
+        raise
+    except (OSError, ValueError, KeyError, RuntimeError, EOFError, SafetensorError) as e:
+        # damage that runckpt.problem's header checks cannot see (inside the tensors' data)
+        text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise OutcoreError(f"--resume: {ck} does not load ({text}): delete it to resume "
+                           "from an older checkpoint") from None
+    say(f"resumed from {ck} at step {engine.step_count}")
     return engine
 
 
@@ -187,8 +210,18 @@ def run(cfg: TrainConfig, loss_fn=None, return_model: bool = False) -> dict:
     cfg.validate()   # also when built in code, not by config.build
     torch.manual_seed(cfg.seed)
     out_dir = Path(cfg.output_dir)
+    main = _rank() == 0
+    say = print if main else (lambda *a, **k: None)   # only rank 0 prints
     device = _device(cfg)
     plan = check_plan(cfg, device)
+    runckpt.check_output_dir(out_dir, cfg.resume)   # before anything large is built
+    ck = runckpt.pick_resume(out_dir, say, _distributed()) if cfg.resume else None
+    if ck is not None:
+        at = json.loads((ck / "trainer.json").read_text())["step"]
+        if at >= cfg.max_steps:
+            say(f"--resume: {ck} is already at step {at} >= --max-steps {cfg.max_steps}: "
+                "nothing to train (raise --max-steps to continue)")
+            return {"steps": 0, "checkpoint": str(ck), "stopped_by_signal": None}
     model, tok, init = build_model(cfg)
     hf = is_hf_dir(cfg.model)
     vocab = getattr(getattr(model, "config", None), "vocab_size", None)
@@ -199,17 +232,18 @@ def run(cfg: TrainConfig, loss_fn=None, return_model: bool = False) -> dict:
               max_grad_norm=cfg.max_grad_norm, gpu_memory=cfg.gpu_memory,
               skip_nonfinite=cfg.skip_nonfinite,
               host_weight_copy=COPY_MODES[cfg.host_weight_copy],
-              keep_weights=cfg.keep_weights, verbose=True)
-    engine = _resume(cfg, out_dir, model, data, global_batch, kw) if cfg.resume else None
+              keep_weights=cfg.keep_weights, verbose=main)
+    engine = _resume(cfg, ck, model, data, global_batch, kw, say) if ck is not None else None
     if engine is None:
         opt = AdamW(lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, weight_decay=cfg.weight_decay)
         engine = Engine(model, optimizer=opt, init=init, **kw)
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "config.json").write_text(json.dumps({k: v for k, v in vars(cfg).items()
-                                                     if k != "extra"}, default=str, indent=1))
-    from .logs import RunLog
+    if main:
+        (out_dir / "config.json").write_text(json.dumps({k: v for k, v in vars(cfg).items()
+                                                         if k != "extra"}, default=str, indent=1))
+    from .logs import NoLog, RunLog
     from .planner import matmul_rate
-    log = RunLog(out_dir, engine.step_count, tensorboard=cfg.tensorboard)
+    log = RunLog(out_dir, engine.step_count, tensorboard=cfg.tensorboard) if main else NoLog()
     peak_flops = matmul_rate(device, engine.compute_dtype)  # for MFU
     tokens_per_step = global_batch * cfg.seq_len
 
@@ -226,9 +260,11 @@ def run(cfg: TrainConfig, loss_fn=None, return_model: bool = False) -> dict:
     base = (engine.stats.total_compute_s, engine.stats.total_copy_wait_s,
             engine.stats.total_optimizer_wait_s)
     stopped_by = None
-    bar = tqdm(total=cfg.max_steps, initial=start, desc="train", unit="step", dynamic_ncols=True)
+    bar = tqdm(total=cfg.max_steps, initial=start, desc="train", unit="step", dynamic_ncols=True,
+               disable=not main)
+    note = tqdm.write if main else (lambda *a, **k: None)
     t_run = time.perf_counter()
-    with _Signals() as sig:
+    with _Signals(quiet=not main) as sig:
         for step in range(start, cfg.max_steps):
             lr = lr_at(cfg, step)
             engine.set_lr(lr)
@@ -239,8 +275,8 @@ def run(cfg: TrainConfig, loss_fn=None, return_model: bool = False) -> dict:
             if skipped:
                 what = "update skipped" if cfg.skip_nonfinite else \
                     "the groups with a non-finite gradient were left as they were"
-                tqdm.write(f"outcore: step {step + 1}: non-finite loss or gradient "
-                           f"(loss {loss}): {what} ({bad} in a row)")
+                note(f"outcore: step {step + 1}: non-finite loss or gradient "
+                     f"(loss {loss}): {what} ({bad} in a row)")
             else:
                 losses.append(loss)
             times.append(engine.stats.step_s)
@@ -265,14 +301,16 @@ def run(cfg: TrainConfig, loss_fn=None, return_model: bool = False) -> dict:
             done = step + 1
             if sig.received is not None:
                 save(runckpt.step_dir(out_dir, done))
-                runckpt.prune(out_dir, cfg.keep_last)
+                if main:
+                    runckpt.prune(out_dir, cfg.keep_last)
                 stopped_by = sig.received
-                tqdm.write(f"outcore: saved {runckpt.step_dir(out_dir, done)}; "
-                           "continue with --resume")
+                note(f"outcore: saved {runckpt.step_dir(out_dir, done)}; "
+                     "continue with --resume")
                 break
             if cfg.save_every and done % cfg.save_every == 0 and done < cfg.max_steps:
                 save(runckpt.step_dir(out_dir, done))
-                runckpt.prune(out_dir, cfg.keep_last)
+                if main:
+                    runckpt.prune(out_dir, cfg.keep_last)
                 log.flush()
         bar.close()
         wall = time.perf_counter() - t_run
@@ -298,12 +336,22 @@ def run(cfg: TrainConfig, loss_fn=None, return_model: bool = False) -> dict:
     }
     if (stopped_by is None and cfg.generate_tokens and isinstance(tok, ByteTokenizer)
             and engine.num_params < 50e6):
-        text = generate(engine.model, tok, "def ", cfg.generate_tokens)
-        print("--- sample ---\n" + text + "\n--------------")
-    print_summary(summary, device)
+        model = engine.model   # collective with --nproc N: every rank gathers the weights
+        text = generate(model, tok, "def ", cfg.generate_tokens) if main else ""
+        if text is None:
+            say("outcore: no sample: the weights or logits are not finite (the run diverged: "
+                "lower --lr)")
+        elif main:
+            print("--- sample ---\n" + text + "\n--------------")
+    if main:
+        print_summary(summary, device)
     if return_model:
         summary["model"] = engine.model
     engine.close()
+    if hasattr(engine, "comm"):
+        # Sync: the ranks leave together, not the others first while rank 0 (host of the
+        # rendezvous store) still samples and prints
+        engine.comm.barrier()
     return summary
 
 

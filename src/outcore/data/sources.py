@@ -60,7 +60,11 @@ def read_documents(path: str | Path) -> list[tuple[str, str]]:
 
 def _jsonl(f: Path, text: str) -> list[tuple[str, str]]:
     out = []
-    for i, line in enumerate(text.splitlines(), 1):
+    # Records end at "\n" only (JSON Lines; "\r\n" too): str.splitlines() would also cut
+    # at U+2028, U+2029 and U+0085, which JSON allows raw inside strings. A leading UTF-8
+    # byte-order mark is not part of the first record.
+    for i, line in enumerate(text.removeprefix("\ufeff").split("\n"), 1):
+        line = line.removesuffix("\r")
         if not line.strip():
             continue
         try:

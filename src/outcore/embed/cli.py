@@ -32,7 +32,8 @@ def register(sub) -> None:
     t = p.add_argument_group("training")
     t.add_argument("--out", help="output file: .npy, .safetensors or .tsv")
     t.add_argument("--format", choices=["npy", "safetensors", "tsv"])
-    t.add_argument("--dim", type=int, default=128)
+    t.add_argument("--dim", type=int, help="vector size (default 128; directed runs write 2*dim "
+                   "columns); eval reads it from the file")
     t.add_argument("--epochs", type=int, default=10)
     t.add_argument("--lr", type=float, default=0.1)
     t.add_argument("--optimizer", choices=["adagrad", "adam"], default="adagrad")
@@ -90,14 +91,20 @@ def run_train(args) -> int:
     from .config import EmbedConfig
     from .generate import split_edges
     from .graph import read_edges
+    from .output import check_output_path
     from .trainer import EmbeddingTrainer
     if not args.out:
         raise OutcoreError("--out is required: where to write the embeddings (.npy, "
                            ".safetensors or .tsv)")
+    check_output_path(args.out, args.format)     # before hours of training, not after
+    if args.holdout and not 0.0 < args.holdout < 1.0:
+        raise OutcoreError(f"--holdout {args.holdout} must be between 0 and 1 (the share of "
+                           "edges held out for evaluation), e.g. --holdout 0.05")
     devices = _devices(args.devices)
     if isinstance(devices, int):
         devices = [f"cuda:{i}" for i in range(devices)]
-    cfg = EmbedConfig(dim=args.dim, epochs=args.epochs, lr=args.lr, optimizer=args.optimizer,
+    dim = 128 if args.dim is None else args.dim
+    cfg = EmbedConfig(dim=dim, epochs=args.epochs, lr=args.lr, optimizer=args.optimizer,
                       score=args.score, loss=args.loss, batch_size=args.batch_size,
                       chunk_size=args.chunk_size, num_negatives=args.negatives,
                       neg_power=args.neg_power, mode=args.mode, walk_length=args.walk_length,
@@ -166,6 +173,20 @@ def read_labels(path: str, num_nodes: int, names: dict | None = None) -> np.ndar
     return labels
 
 
+def _eval_dim(args, width: int) -> int:
+    """Vector size to score with: the file's width (half of it with --directed, where rows
+    are source then target vectors); --dim, if given, must agree with it."""
+    if args.directed and width % 2:
+        raise OutcoreError(f"{args.embeddings} has {width} columns, but --directed embeddings "
+                           "have 2*dim (source then target): drop --directed")
+    d = width // 2 if args.directed else width
+    if args.dim is not None and args.dim != d:
+        how = " (source, then target)" if args.directed else ""
+        raise OutcoreError(f"--dim {args.dim} does not match {args.embeddings}: its {width} "
+                           f"columns hold vectors of size {d}{how}; drop --dim or pass --dim {d}")
+    return d
+
+
 def run_eval(args) -> int:
     from .evaluate import evaluate_link_prediction, node_classification
     from .graph import read_edges
@@ -174,8 +195,11 @@ def run_eval(args) -> int:
         raise OutcoreError("embed eval needs --embeddings FILE (and --edges and/or --labels)")
     if not (args.eval_edges or args.labels):
         raise OutcoreError("embed eval needs --edges (held-out edges) and/or --labels")
+    from .trainer import resolve_devices
+    resolve_devices([args.device])            # a one-line error for cuda without CUDA
     emb = load_embeddings(args.embeddings)
     N = emb.shape[0]
+    d = _eval_dim(args, emb.shape[1])
     names = None
     ids_path = args.embeddings + ".ids.tsv"
     if os.path.isfile(ids_path):
@@ -195,11 +219,10 @@ def run_eval(args) -> int:
             src, dst = el.src, el.dst
         out["link_prediction"] = evaluate_link_prediction(
             emb, src, dst, directed=args.directed, score=args.score,
-            dim=args.dim if args.directed else None, batch_negs=args.eval_negatives,
+            dim=d, batch_negs=args.eval_negatives,
             uniform_negs=args.eval_negatives, device=args.device, seed=args.seed)
     if args.labels:
         labels = read_labels(args.labels, N, names)
-        d = emb.shape[1] // 2 if args.directed else emb.shape[1]
         out["node_classification"] = node_classification(
             np.asarray(emb[:, :d]), labels, seed=args.seed, device=args.device)
     if args.json:

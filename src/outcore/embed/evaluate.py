@@ -36,7 +36,8 @@ def evaluate_link_prediction(emb, src: np.ndarray, dst: np.ndarray, *, dim: int 
                              max_edges: int | None = None) -> dict:
     """emb: N x W (array, memmap or EmbeddingTable); src, dst: held-out edges.
 
-    directed: W = 2 * dim, source vectors first, target vectors second.
+    directed: W = 2 * dim, source vectors first, target vectors second. dim: None (read
+    from W), or the vector size, checked against W.
     Returns {"mrr", "hits10", "hits1", "mean_rank", "count"}.
     """
     src, dst = np.asarray(src, dtype=np.int64), np.asarray(dst, dtype=np.int64)
@@ -44,7 +45,11 @@ def evaluate_link_prediction(emb, src: np.ndarray, dst: np.ndarray, *, dim: int 
         raise OutcoreError("no held-out edges to evaluate")
     N = emb.num_nodes if hasattr(emb, "num_nodes") else emb.shape[0]
     W = emb.width if hasattr(emb, "width") else emb.shape[1]
-    d = dim or (W // 2 if directed else W)
+    d = W // 2 if directed else W
+    if dim is not None and dim != d:        # scoring other slices would be silently wrong
+        how = " (source, then target)" if directed else ""
+        raise OutcoreError(f"dim={dim} does not match the embeddings: their {W} columns hold "
+                           f"vectors of size {d}{how}; pass dim={d} or leave it out")
     if max(src.max(), dst.max()) >= N or min(src.min(), dst.min()) < 0:
         raise OutcoreError(f"held-out edges name nodes outside 0..{N - 1}: evaluate with the "
                            "embeddings of the graph they came from")

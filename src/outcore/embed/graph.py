@@ -136,6 +136,9 @@ def read_edges(path: str, *, header: bool | None = None, string_ids: bool | None
         k = int(np.flatnonzero((src >= num_nodes) | (dst >= num_nodes))[0])
         raise OutcoreError(f"{where(k)}: node id {max(int(src[k]), int(dst[k]))} is out of "
                            f"range for num_nodes={num_nodes}: ids must be 0..{num_nodes - 1}")
+    if w is not None:
+        with np.errstate(over="ignore"):       # a weight beyond float32 becomes inf: named below
+            w = _checked_weights(w.astype(np.float32), where)
     loops = src == dst
     n_loops = int(loops.sum())
     if n_loops and self_loops == "error":
@@ -146,11 +149,27 @@ def read_edges(path: str, *, header: bool | None = None, string_ids: bool | None
         src, dst, w = _drop_rows(np.flatnonzero(loops), src, dst, w)
         if len(src) == 0:
             raise OutcoreError(f"{path} holds only self-loops: no edges left to train on")
+    if w is not None and not w.any():
+        raise OutcoreError(f"{path}: every edge weight is 0: give some edge a positive "
+                           "weight, or drop the weight column")
     stats["self_loops"] = n_loops
     stats["self_loops_dropped"] = n_loops if self_loops == "drop" else 0
     idt = np.int32 if num_nodes < 2**31 else np.int64
     return EdgeList(src.astype(idt, copy=False), dst.astype(idt, copy=False), num_nodes,
-                    None if w is None else w.astype(np.float32), names, stats)
+                    w, names, stats)
+
+
+def _checked_weights(w: np.ndarray, where) -> np.ndarray:
+    """w (float32, as training samples by it) if every weight is finite and >= 0, else a
+    one-line error naming the first bad line: one NaN, inf or negative weight would
+    silently break weighted sampling (a cumulative sum of the weights)."""
+    bad = np.flatnonzero(~np.isfinite(w) | (w < 0))
+    if bad.size:
+        k = int(bad[0])
+        big = " (float32 holds at most 3.4e38)" if np.isinf(w[k]) else ""
+        raise OutcoreError(f"{where(k)}: edge weight {float(w[k])!r} is not a finite number "
+                           f">= 0{big}: fix that weight")
+    return w
 
 
 def _drop_rows(rows: np.ndarray, *cols):

@@ -76,7 +76,17 @@ def load(cls, path, model, **kwargs):
     if not (path / "state.json").is_file():
         raise OutcoreError(f"{path} is not an outcore checkpoint (no state.json): pass the "
                            "directory written by engine.save")
-    state = json.loads((path / "state.json").read_text())
+    try:
+        state = json.loads((path / "state.json").read_text())
+    except ValueError as e:   # JSONDecodeError, UnicodeDecodeError
+        raise OutcoreError(f"{path}/state.json is damaged ({e}): load another "
+                           "checkpoint") from None
+    if not isinstance(state, dict):
+        raise OutcoreError(f"{path}/state.json is damaged (not a JSON object): load another "
+                           "checkpoint")
+    if state.get("format") == "outcore-sharded-1":   # parallel/checkpoint.py's FORMAT
+        raise OutcoreError(f"{path} was saved by {state.get('world')} ranks: load it under "
+                           "torchrun (outcore train --nproc N) or with distributed=True")
     if state.get("format") != FORMAT:
         raise OutcoreError(f"{path}: unknown checkpoint format {state.get('format')!r}")
     if "optimizer" not in kwargs:
@@ -90,20 +100,31 @@ def load(cls, path, model, **kwargs):
     if saved != [g.names for g in engine.groups]:
         raise OutcoreError(f"{path} was saved from a model with other parameters or blocks: "
                            "load it into the same architecture")
-    master = load_file(str(path / "master.safetensors"))
+    master = _read(path / "master.safetensors", lambda f: load_file(str(f)))
     for i, m in enumerate(engine.host.master):
         if m.numel():
             m.copy_(master[f"group.{i}"])
             engine.host.refresh(i)   # the 16-bit copy was made from the model's weights
-    opt = load_file(str(path / "optim.safetensors"))
+    opt = _read(path / "optim.safetensors", lambda f: load_file(str(f)))
     for i in range(len(engine.groups)):
         st = {k.split(".", 2)[2]: v for k, v in opt.items() if k.startswith(f"group.{i}.")}
         if "step" in st:
             st["step"] = st["step"].reshape(())
         engine.opt.load_state_tensors(i, st)
     engine.step_count = state["step"]
-    rng = torch.load(path / "rng.pt", weights_only=False)
+    rng = _read(path / "rng.pt", lambda f: torch.load(f, weights_only=False))
     torch.set_rng_state(rng["cpu"])
     if rng.get("cuda") is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(rng["cuda"])
     return engine
+
+
+def _read(f: Path, read):
+    """read(f), with a missing or damaged file (truncated: SafetensorError, EOFError,
+    RuntimeError) as a one-line error naming it."""
+    try:
+        return read(f)
+    except Exception as e:
+        why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise OutcoreError(f"{f} is missing or damaged ({why}): load another "
+                           "checkpoint") from None

@@ -333,7 +333,12 @@ class Engine(StepFlow, StepAccounting):
         total = self._global_norm()
         self.last_grad_norm = total
         if not math.isfinite(total):
-            self.schedule.drop_pending()
+            pool = self.host.grad_pool
+            for hbuf, hsq, done in self.schedule.drop_pending():
+                # Buffer reuse: the skipped gradients' host buffers go back to the pool
+                # (as _apply_update's do), once the d2h copies into them are done.
+                pool.put(hbuf, after=done)
+                pool.put(hsq, after=done)
             self.deferred.drop()
             self.schedule.end_backward(1.0)
             self.stats.skipped_steps += 1

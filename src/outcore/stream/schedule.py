@@ -84,14 +84,17 @@ class UpdateSchedule:
             self._forward_order = True
             self._cv.notify_all()
 
-    def drop_pending(self) -> None:
-        """Forget queued (not started) updates: the step is skipped."""
+    def drop_pending(self) -> list:
+        """Forget queued (not started) updates: the step is skipped. Returns their
+        payloads, so the caller can give back the buffers they hold."""
         with self._cv:
+            dropped = [payload for _, payload in self._queue]
             for g, _ in self._queue:
                 self._pending.discard(g)
                 self._done.add(g)
             self._queue.clear()
             self._cv.notify_all()
+        return dropped
 
     def wait(self, g: int) -> None:
         """Block until group g has no update pending (a deliberate host wait)."""
