@@ -24,7 +24,6 @@ import numbers
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
-import numpy as np
 import torch
 
 from ..errors import OutcoreError
@@ -232,13 +231,10 @@ def _tile_arg(tile):
     Any integer type counts (numpy's too); floats, strings and bools do not."""
     if tile is None:
         return None, None, None, None
-
-    def whole(v) -> bool:
-        return isinstance(v, numbers.Integral) and not isinstance(v, (bool, np.bool_)) and v > 0
-
     vals = (tile, tile) if isinstance(tile, numbers.Integral) else (
         tuple(tile) if isinstance(tile, (tuple, list)) else ())
-    if not 2 <= len(vals) <= 4 or not all(whole(v) for v in vals):
+    if not 2 <= len(vals) <= 4 or not all(isinstance(v, numbers.Integral)
+                                          and not isinstance(v, bool) and v > 0 for v in vals):
         raise OutcoreError(f"tile={tile!r} is not valid: give a positive int T (T x T tiles) or "
                            "a tuple (rows, cols[, depth[, copy piece depth]]) of positive ints")
     return tuple(int(v) for v in vals) + (None,) * (4 - len(vals))
