@@ -828,6 +828,11 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
                               "3b-16k,train-1b,1b-16k,3b-64k,7b-16k",
                               "--measure", "3b-16k,train-1b,1b-16k,3b-64k",
                               "--out", "plan-h200-s38c"])],
+    # nvidia-h200 (session 39): `outcore train --model 1b`'s defaults planned and run with
+    # their per-step time split (metrics.jsonl), with and without clipping
+    "s39-plan": [(420, PY + [B + "plan_gpu.py", "--cases", "train-1b,train-1b-noclip",
+                             "--measure", "train-1b,train-1b-noclip",
+                             "--out", "plan-h200-s39a"])],
     # nvidia-h200 (written in session 25): tf32x3's error on Gram matrices by BIG_CHUNK
     "s26-gram": [(120, PY + [B + "diag/x3_gram.py"])],
     # nvidia-h200 (session 22): 3b-16k outcore alone, 8 measured steps each: the balance

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -33,7 +34,12 @@ CASES = {   # name: (plan arguments, how to measure it)
     # `outcore train`'s defaults: 16 x 256 tokens a step, clipping (held updates)
     "train-1b": (["--model", "1b", "--tokens-per-step", "4096", "--seq-len", "256",
                   "--compile-kernels"], "train"),
+    # the same without clipping: updates start block by block (the streamed step's model)
+    "train-1b-noclip": (["--model", "1b", "--tokens-per-step", "4096", "--seq-len", "256",
+                         "--compile-kernels", "--no-clip"], "train"),
 }
+TRAIN_ARGS = {"train-1b": [], "train-1b-noclip": ["--max-grad-norm", "0", "--no-skip-nonfinite"]}
+SPLIT = ("step_s", "compute_s", "copy_wait_s", "optimizer_wait_s")
 STEP = re.compile(r"-> ~([\d.]+)(?:-([\d.]+))? s")
 COMPUTE = re.compile(r"compute ([\d.]+) s")
 
@@ -62,11 +68,20 @@ def measured(case: str, tmp: Path, log: list[str]) -> dict:
         return {"measured_rc": rc, "measured_s": r["step_s"], "measured_mean_s":
                 r.get("window_step_s"), "measured_compute_s": r.get("compute_s")}
     rc, text, _ = run(CLI + ["train", "--model", "1b", "--compile-kernels", "--max-steps",
-                             "20", "--no-tensorboard", "--output-dir", str(tmp / case)],
-                      300, log)
+                             "20", "--no-tensorboard", "--output-dir", str(tmp / case),
+                             *TRAIN_ARGS[case]], 300, log)
     m = re.search(r"([\d,]+) tokens/s \(median step\)", text)
     tps = float(m.group(1).replace(",", "")) if m else None
-    return {"measured_rc": rc, "measured_s": 4096 / tps if tps else None}
+    row = {"measured_rc": rc, "measured_s": 4096 / tps if tps else None}
+    # the time split of the steps after the first 3 (compile, the planner's first moves),
+    # from the run's metrics.jsonl: a median of each column
+    f = tmp / case / "metrics.jsonl"
+    steps = [json.loads(ln) for ln in f.read_text().splitlines()][3:] if f.exists() else []
+    for k in SPLIT:
+        vals = [r[k] for r in steps if r.get(k) is not None]
+        if vals:
+            row[f"measured_{k}_median"] = statistics.median(vals)
+    return row
 
 
 def main() -> int:
@@ -95,7 +110,8 @@ def main() -> int:
     (common.ROOT / "bench" / "results" / f"{name}.log").write_text("\n".join(log))
     print(common.table(rows, ["case", "predicted_compute_s", "predicted_lo_s",
                               "predicted_hi_s", "measured_s", "measured_mean_s",
-                              "measured_compute_s"]))
+                              "measured_compute_s", "measured_compute_s_median",
+                              "measured_optimizer_wait_s_median"]))
     return 0
 
 

@@ -12,8 +12,10 @@ import json
 import sys
 from pathlib import Path
 
+# compute_s and copy_wait_s come from device events read once they have run: on a GPU
+# usually the step before the row's (stream/stats.py); optimizer_wait_s is the row's own.
 COLUMNS = ["step", "loss", "lr", "grad_norm", "skipped", "tokens_per_s", "mfu", "step_s",
-           "host_rss_bytes", "gpu_peak_bytes"]
+           "compute_s", "copy_wait_s", "optimizer_wait_s", "host_rss_bytes", "gpu_peak_bytes"]
 
 
 class RunLog:

@@ -285,7 +285,10 @@ def run(cfg: TrainConfig, loss_fn=None, return_model: bool = False) -> dict:
                        "lr": lr, "grad_norm": getattr(engine, "last_grad_norm", None)
                        if cfg.max_grad_norm else None, "skipped": int(skipped),
                        "tokens_per_s": tok_s, "mfu": 6 * engine.num_params * tok_s / peak_flops,
-                       "step_s": engine.stats.step_s, "host_rss_bytes": host_peak_rss_bytes(),
+                       "step_s": engine.stats.step_s, "compute_s": engine.stats.compute_s,
+                       "copy_wait_s": engine.stats.copy_wait_s,
+                       "optimizer_wait_s": engine.stats.optimizer_wait_s,
+                       "host_rss_bytes": host_peak_rss_bytes(),
                        "gpu_peak_bytes": engine.stats.peak_device_bytes})
             bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tok_s:,.0f}")
             bar.update(1)

@@ -92,6 +92,9 @@ def test_logs_and_keep_last(tmp_path, corpus):
     assert all(r["loss"] > 0 and r["lr"] > 0 and r["grad_norm"] > 0 and r["tokens_per_s"] > 0
                and 0 < r["mfu"] and r["host_rss_bytes"] > 0 for r in rows)
     assert rows[0]["lr"] == pytest.approx(train.lr_at(cfg, 0))
+    # the time split per step (on the CPU every figure is the row's own step)
+    assert all(0 < r["compute_s"] <= r["step_s"] and r["copy_wait_s"] >= 0
+               and 0 <= r["optimizer_wait_s"] <= r["step_s"] for r in rows)
     with open(out / "metrics.csv") as f:
         assert [int(r["step"]) for r in csv.DictReader(f)] == [1, 2, 3, 4]
     assert list((out / "tensorboard").glob("events.out.tfevents.*"))
