@@ -833,6 +833,12 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
     "s39-plan": [(420, PY + [B + "plan_gpu.py", "--cases", "train-1b,train-1b-noclip",
                              "--measure", "train-1b,train-1b-noclip",
                              "--out", "plan-h200-s39a"])],
+    # nvidia-h200 (session 39): the trainer's clipped steps with held GPU updates (auto)
+    # against the default (all AdamW on the CPU), at 1b and 3b, planned and run
+    "s39-held": [(580, PY + [B + "plan_gpu.py", "--cases",
+                             "train-1b,train-1b-held,train-3b,train-3b-held",
+                             "--measure", "train-1b,train-1b-held,train-3b,train-3b-held",
+                             "--out", "plan-h200-s39b"])],
     # nvidia-h200 (written in session 25): tf32x3's error on Gram matrices by BIG_CHUNK
     "s26-gram": [(120, PY + [B + "diag/x3_gram.py"])],
     # nvidia-h200 (session 22): 3b-16k outcore alone, 8 measured steps each: the balance

@@ -31,14 +31,21 @@ CASES = {   # name: (plan arguments, how to measure it)
     "3b-16k": (["--model", "3b", "--tokens-per-step", "16384", *BENCH], "stream"),
     "7b-16k": (["--model", "7b", "--tokens-per-step", "16384", *BENCH], "stream"),
     "3b-64k": (["--model", "3b", "--tokens-per-step", "65536", *BENCH], "stream"),
-    # `outcore train`'s defaults: 16 x 256 tokens a step, clipping (held updates)
-    "train-1b": (["--model", "1b", "--tokens-per-step", "4096", "--seq-len", "256",
-                  "--compile-kernels"], "train"),
-    # the same without clipping: updates start block by block (the streamed step's model)
-    "train-1b-noclip": (["--model", "1b", "--tokens-per-step", "4096", "--seq-len", "256",
-                         "--compile-kernels", "--no-clip"], "train"),
 }
-TRAIN_ARGS = {"train-1b": [], "train-1b-noclip": ["--max-grad-norm", "0", "--no-skip-nonfinite"]}
+# `outcore train`'s defaults (train-1b, train-3b): 16 x 256 tokens a step, clipping (held
+# updates, every AdamW on the CPU after backward)
+TRAIN_ARGS: dict[str, list[str]] = {}
+TRAIN_PLAN = ["--tokens-per-step", "4096", "--seq-len", "256", "--compile-kernels"]
+for _m in ("1b", "3b"):
+    # the same without clipping: updates start block by block (the streamed step's model);
+    # and with clipping, blocks updated on the GPU by their next load (deferred.py)
+    for _v, _plan, _train in (("", [], []),
+                              ("-noclip", ["--no-clip"], ["--max-grad-norm", "0",
+                                                          "--no-skip-nonfinite"]),
+                              ("-held", ["--held-gpu-updates", "auto"],
+                               ["--held-gpu-updates", "auto"])):
+        CASES[f"train-{_m}{_v}"] = (["--model", _m, *TRAIN_PLAN, *_plan], "train")
+        TRAIN_ARGS[f"train-{_m}{_v}"] = ["--model", _m, *_train]
 SPLIT = ("step_s", "compute_s", "copy_wait_s", "optimizer_wait_s")
 STEP = re.compile(r"-> ~([\d.]+)(?:-([\d.]+))? s")
 COMPUTE = re.compile(r"compute ([\d.]+) s")
@@ -67,7 +74,7 @@ def measured(case: str, tmp: Path, log: list[str]) -> dict:
         r = rows[0]
         return {"measured_rc": rc, "measured_s": r["step_s"], "measured_mean_s":
                 r.get("window_step_s"), "measured_compute_s": r.get("compute_s")}
-    rc, text, _ = run(CLI + ["train", "--model", "1b", "--compile-kernels", "--max-steps",
+    rc, text, _ = run(CLI + ["train", "--compile-kernels", "--max-steps",
                              "20", "--no-tensorboard", "--output-dir", str(tmp / case),
                              *TRAIN_ARGS[case]], 300, log)
     m = re.search(r"([\d,]+) tokens/s \(median step\)", text)

@@ -54,6 +54,8 @@ def _train_parser(sub) -> None:
     p.add_argument("--no-keep-weights", dest="keep_weights", action="store_false",
                    default=None, help="do not keep the device-updated blocks' weights on the "
                    "GPU for the next forward (kept by default: they share the checkpoints' room)")
+    p.add_argument("--held-gpu-updates", help="with clipping (held updates): off (default), "
+                   "auto, or N: blocks 1..N updated on the GPU as the next forward loads them")
     p.add_argument("--seed", type=int)
     p.add_argument("--nproc", type=int, help="data-parallel ranks on this machine (re-runs "
                    "itself under torchrun; host state sharded over them)")

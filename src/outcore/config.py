@@ -47,6 +47,9 @@ class TrainConfig:
     compile_kernels: bool = False     # reference sizes: DecoderConfig(compiled=True)
     host_weight_copy: str = "auto"    # auto | fused | cast | device | off: Engine(host_weight_copy)
     keep_weights: bool = True         # Engine(keep_weights=...): device-updated blocks' weights
+    # Engine(held_gpu_updates=...): with held updates (clipping), blocks whose AdamW runs on
+    # the GPU when the next forward loads them: off | auto | N (blocks 1..N)
+    held_gpu_updates: str = "off"
     seed: int = 0
     max_data_bytes: int = 3_000_000   # of the built-in corpus
     generate_tokens: int = 200
@@ -79,6 +82,8 @@ class TrainConfig:
         if self.host_weight_copy not in COPY_MODES:
             raise OutcoreError(f"host_weight_copy={self.host_weight_copy!r}: use "
                                f"{', '.join(COPY_MODES)}")
+        self.held_gpu_updates = check_held(self.held_gpu_updates, self.max_grad_norm is not
+                                           None or self.skip_nonfinite)
         if self.compute_dtype not in ("auto", "float32", "bfloat16", "tf32"):
             raise OutcoreError(f"compute_dtype={self.compute_dtype!r}: use auto, float32, "
                                "bfloat16 or tf32")
@@ -93,6 +98,24 @@ def check_betas(v) -> tuple[float, float]:
         raise OutcoreError(f"betas={v!r} must be two numbers in [0, 1), e.g. "
                            "betas = [0.9, 0.95]")
     return (float(v[0]), float(v[1]))
+
+
+def check_held(v, held: bool) -> str:
+    """--held-gpu-updates: "off", "auto" or a number of blocks >= 1 (as a string)."""
+    v = str(v).strip().lower()
+    if v == "0":
+        v = "off"
+    if v not in ("off", "auto") and not (v.isdigit() and int(v) >= 1):
+        raise OutcoreError(f"held_gpu_updates={v!r}: use off, auto or a number of blocks >= 1")
+    if v not in ("off", "auto") and not held:
+        raise OutcoreError("held_gpu_updates needs held updates (clipping or skip_nonfinite); "
+                           "without them the engine already updates blocks on the GPU")
+    return v
+
+
+def held_option(v: str) -> int | str:
+    """TrainConfig.held_gpu_updates as Engine(held_gpu_updates=...) takes it."""
+    return 0 if v == "off" else v if v == "auto" else int(v)
 
 
 # --host-weight-copy's values: Engine(host_weight_copy=...)'s, by name

@@ -20,6 +20,8 @@ def register(sub) -> None:
     p.add_argument("--compute-dtype", choices=["bfloat16", "float32"], default="bfloat16")
     p.add_argument("--no-clip", action="store_true", help="no gradient clipping: 12 host "
                    "B/param instead of 16")
+    p.add_argument("--held-gpu-updates", default="off", help="as `train --held-gpu-updates`"
+                   ": with clipping, blocks updated on the GPU by their next load (off, auto, N)")
     p.add_argument("--host-weight-copy", action="store_true", help="16-bit copies of the "
                    "weights on the host (+2 B/param; bfloat16 only)")
     p.add_argument("--seq-len", type=int, default=2048, help="tokens per sequence, for the "
@@ -48,6 +50,8 @@ def _run(args) -> int:
     if gpu is None and device.startswith("cuda"):
         gpu = torch.cuda.get_device_properties(device).total_memory
     host = parse_bytes(args.host_memory, "--host-memory") or host_available()
+    from .config import check_held, held_option
+    held = held_option(check_held(args.held_gpu_updates, not args.no_clip))
     shape = model_shape(args.model)
     dtype = getattr(torch, args.compute_dtype)
     calib = None if args.no_calibrate else calibrate(device, dtype)
@@ -64,7 +68,7 @@ def _run(args) -> int:
                      gpu_limit=gpu, host_limit=host, clip=not args.no_clip,
                      compute_itemsize=dtype.itemsize, calib=calib,
                      host_copy=args.host_weight_copy and dtype.itemsize == 2,
-                     block_s_per_token=block_s)
+                     block_s_per_token=block_s, held_gpu_updates=held)
     if calib is not None:
         h2d = f", host->device {calib.h2d / 1e9:.1f} GB/s" if calib.h2d else ""
         print(f"calibration ({device}): matmul {calib.flops / 1e12:.2f} TFLOP/s "

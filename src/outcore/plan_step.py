@@ -111,15 +111,18 @@ def held_step(plan, compute_s: float, cpu_rate: float) -> tuple[float, int]:
     """(seconds, blocks updated by their load) of a step with held updates: the CPU
     AdamW starts when backward ends (the norm is known), rest first, then the blocks in
     the forward's order; the forward's first k blocks update on the device as they load,
-    their m, v and gradient crossing with the weights (12 B/param more, deferred.py), k up
-    to MAX_SHARE of the blocks, the shortest step taken. A block computes once its update
-    is done and its bytes are in (the loads queue on one link from backward's end)."""
+    their m, v and gradient crossing with the weights (12 B/param more, deferred.py): k as
+    plan.held_gpu_updates says (0, the trainer's default; N; "auto": up to MAX_SHARE of
+    the blocks, the shortest step taken). A block computes once its update is done and its
+    bytes are in (the loads queue on one link from backward's end)."""
     s = plan.shape
     n = s.layers
+    held = plan.held_gpu_updates
+    ks = range(int(MAX_SHARE * n) + 1) if held == "auto" else [min(int(held or 0), n)]
     per_block = (1 - BACKWARD_SHARE) * compute_s / max(1, n)
     load = (2 if plan.host_copy else 4) * s.block_params / LINK_BPS
     best = (float("inf"), 0)
-    for k in range(int(MAX_SHARE * n) + 1):
+    for k in ks:
         cpu = s.rest_params / cpu_rate         # rest: the forward's first need
         t, link = cpu, 0.0
         for b in range(1, n + 1):

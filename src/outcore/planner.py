@@ -176,6 +176,9 @@ class Plan:
     held_grads: bool = True    # clipping: gradients held on the host until the norm is known
     host_copy: bool = False    # 16-bit copies of the weights on the host
     staged_grad_bytes: int = 0   # without clipping: gradients waiting for the CPU AdamW
+    # with clipping: blocks updated on the device by their next load (Engine's
+    # held_gpu_updates: 0, the trainer's default; "auto"; or that many blocks)
+    held_gpu_updates: int | str = 0
 
     @property
     def device_bytes(self) -> int:
@@ -230,6 +233,8 @@ class Plan:
         g = "/".join(str(x) for x in t["groups"])
         where = (f"{g} blocks updated as they load (held updates: clipping)" if t["held"]
                  else f"AdamW of {g} groups on the GPU")
+        if t["held"] and not self.held_gpu_updates:
+            where = "every update on the CPU after backward (clipping; see --held-gpu-updates)"
         return (line + f"CPU AdamW at {r} G params/s (alone, under copies), {where} -> "
                 f"{span} ({rate} tokens/s; bound by {bound})")
 
@@ -266,7 +271,8 @@ class Plan:
 def make_plan(shape: ModelShape, *, tokens_per_step: int, micro_tokens: int | None = None,
               gpu_limit: int | None = None, host_limit: int | None = None, clip: bool = True,
               compute_itemsize: int = 2, calib: Calibration | None = None,
-              host_copy: bool = False, block_s_per_token: float | None = None) -> Plan:
+              host_copy: bool = False, block_s_per_token: float | None = None,
+              held_gpu_updates: int | str = 0) -> Plan:
     """Bytes (and with `calib`, seconds) of one step.
 
     host_copy: the engine keeps 16-bit copies of the weights on the host (+2 B/param) and
@@ -302,7 +308,7 @@ def make_plan(shape: ModelShape, *, tokens_per_step: int, micro_tokens: int | No
     staged = 0 if clip else min(STAGED_GRADS, shape.layers) * shape.block_params * 4
     plan = Plan(shape, tokens_per_step, micro, bpp, bpp * shape.params + staged, host_limit,
                 fixed, work, ckpt, gpu_limit, held_grads=clip, host_copy=host_copy,
-                staged_grad_bytes=staged)
+                staged_grad_bytes=staged, held_gpu_updates=held_gpu_updates if clip else 0)
     if calib is not None:
         plan.step_s = step_estimate(plan, calib, block_s_per_token)
     return plan

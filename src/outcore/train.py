@@ -21,7 +21,7 @@ from safetensors import SafetensorError
 from tqdm.auto import tqdm
 
 from . import runckpt
-from .config import COPY_MODES, TrainConfig
+from .config import COPY_MODES, TrainConfig, held_option
 from .data import (ByteTokenizer, PackedTokens, read_documents, stdlib_corpus,
                    tokenize_documents)
 from .errors import OutcoreError
@@ -232,7 +232,8 @@ def run(cfg: TrainConfig, loss_fn=None, return_model: bool = False) -> dict:
               max_grad_norm=cfg.max_grad_norm, gpu_memory=cfg.gpu_memory,
               skip_nonfinite=cfg.skip_nonfinite,
               host_weight_copy=COPY_MODES[cfg.host_weight_copy],
-              keep_weights=cfg.keep_weights, verbose=main)
+              keep_weights=cfg.keep_weights, verbose=main,
+              held_gpu_updates=held_option(cfg.held_gpu_updates))
     engine = _resume(cfg, ck, model, data, global_batch, kw, say) if ck is not None else None
     if engine is None:
         opt = AdamW(lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, weight_decay=cfg.weight_decay)

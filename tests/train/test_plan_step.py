@@ -1,5 +1,6 @@
 """`outcore plan`'s step estimate (plan_step.py): the engine's step model on measured rates."""
 
+import pytest
 import torch
 
 from outcore.models import SIZES
@@ -10,9 +11,9 @@ from outcore.planner import Calibration, make_plan, model_shape
 GIB = 1 << 30
 
 
-def _plan(size="3b", tokens=16384, gpu=int(14.5 * GIB), clip=False, copy=True):
+def _plan(size="3b", tokens=16384, gpu=int(14.5 * GIB), clip=False, copy=True, held=0):
     return make_plan(model_shape(size), tokens_per_step=tokens, gpu_limit=gpu,
-                     host_limit=None, clip=clip, host_copy=copy)
+                     host_limit=None, clip=clip, host_copy=copy, held_gpu_updates=held)
 
 
 def test_a_slower_cpu_moves_more_adamw_to_the_gpu_and_lengthens_the_step():
@@ -34,7 +35,7 @@ def test_a_fast_cpu_leaves_a_compute_bound_step():
 
 
 def test_held_updates_wait_for_backward_then_share_the_blocks():
-    p = _plan("1b", tokens=4096, clip=True, copy=False)
+    p = _plan("1b", tokens=4096, clip=True, copy=False, held="auto")
     s = p.shape
     # an unlimited CPU: backward, then a forward that waits only for its loads
     from outcore.stream.balance import LINK_BPS
@@ -46,6 +47,11 @@ def test_held_updates_wait_for_backward_then_share_the_blocks():
     # never worse than all on the CPU, whose wait is at least rest's and the last block's
     all_cpu = 0.2 * 0.7 + s.params / 2.5e9 + 0.2 * 0.3 / s.layers
     assert step <= all_cpu + 1e-9
+    # the trainer's default (held_gpu_updates off): every update on the CPU, the forward's
+    # last block after the whole AdamW; a fixed N is taken as given
+    off, k_off = held_step(_plan("1b", tokens=4096, clip=True, copy=False), 0.2, 2.5e9)
+    assert k_off == 0 and off == pytest.approx(all_cpu) and off > step
+    assert held_step(_plan("1b", tokens=4096, clip=True, copy=False, held=3), 0.2, 2.5e9)[1] == 3
 
 
 def test_compute_falls_back_to_the_matmul_rate():
@@ -72,6 +78,10 @@ def test_the_plan_prints_a_range_on_a_gpu_calibration():
     assert "(one block timed)" in line and "4.30 and 2.50 G params/s" in line
     assert f"~{lo:.3f}-{hi:.3f} s" in line and "groups on the GPU" in line
     held = make_plan(model_shape("3b"), tokens_per_step=16384, gpu_limit=int(14.5 * GIB),
-                     host_limit=None, clip=True, calib=calib)
+                     host_limit=None, clip=True, calib=calib, held_gpu_updates="auto")
     assert "blocks updated as they load (held updates" in "\n".join(held.lines())
     assert "(at the matmul rate)" in "\n".join(held.lines())
+    off = make_plan(model_shape("3b"), tokens_per_step=16384, gpu_limit=int(14.5 * GIB),
+                    host_limit=None, clip=True, calib=calib)
+    assert "every update on the CPU after backward" in "\n".join(off.lines())
+    assert min(off.step_s["step"]) > max(held.step_s["step"])

@@ -148,3 +148,29 @@ def test_no_skip_nonfinite_lets_updates_start_block_by_block(tmp_path, corpus, m
                      return_model=True)
     for a, b in zip(fresh["model"].parameters(), held["model"].parameters()):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)   # the same training
+
+
+def test_held_gpu_updates_reach_the_engine_and_train_the_same_model(tmp_path, corpus,
+                                                                     monkeypatch):
+    """--held-gpu-updates N: blocks 1..N updated by their next load (deferred.py), the
+    same model as the CPU AdamW's to float tolerance; bad values are one-line errors."""
+    made = []
+    real = train.Engine
+
+    def spy(*a, **kw):
+        made.append(real(*a, **kw))
+        return made[-1]
+    monkeypatch.setattr(train, "Engine", spy)
+    a = train.run(_cfg(tmp_path / "a", corpus, held_gpu_updates="2"), return_model=True)
+    assert made[-1].deferred.groups == {1, 2} and made[-1].deferred.applied_on_device > 0
+    b = train.run(_cfg(tmp_path / "b", corpus), return_model=True)
+    assert made[-1].deferred.groups == set()
+    for (n, p), (_, q) in zip(a["model"].named_parameters(), b["model"].named_parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6, msg=n)
+    for bad, msg in (("x", "use off, auto or a number"), ("-1", "use off, auto or a number")):
+        with pytest.raises(OutcoreError, match=msg):
+            _cfg(tmp_path, corpus, held_gpu_updates=bad).validate()
+    with pytest.raises(OutcoreError, match="needs held updates"):
+        _cfg(tmp_path, corpus, held_gpu_updates="2", max_grad_norm=0,
+             skip_nonfinite=False).validate()
+    assert _cfg(tmp_path, corpus, held_gpu_updates=0).validate().held_gpu_updates == "off"
