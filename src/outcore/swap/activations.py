@@ -13,7 +13,9 @@ previous step's backward used) are prefetched on the h2d stream while fewer than
 fetched and unused. Prefetching starts when backward reaches the model's output, so
 swapped tensors come back while the backward of the kept ones runs. Strides are kept: a
 tensor comes back bit-identical with the same layout, so gradients are exactly those
-without swapping.
+without swapping. Torch skips its in-place check (a saved tensor modified after its save)
+for tensors packed by hooks, so unpack makes it (handles.check_version): a model that
+raises without swapping raises with it.
 """
 
 from __future__ import annotations
@@ -26,18 +28,19 @@ import torch
 
 from ..transfer import Lanes, host_wait
 from .config import SwapConfig
-from .handles import Generation, Handle, dense, node_seq
+from .handles import Generation, Handle, Saved, dense, node_seq
 from .host import HostStore
 from .policy import BudgetPolicy, StepPlan
 from .report import CopyClock, SwapReport
 from .unhooked import UnhookedForwards
 
 
-def _alias(t: torch.Tensor) -> torch.Tensor:
-    """t itself, or for a tensor with a grad_fn the same data without it: the saved graph
-    must not hold its own node through the packed object (a reference cycle that would
-    keep the graph and its tensors alive if it is dropped without backward)."""
-    return t if t.grad_fn is None else t.detach()
+def _alias(t: torch.Tensor) -> Saved:
+    """t itself, or for a tensor with a grad_fn the same data without it (the saved graph
+    must not hold its own node through the packed object: a reference cycle that would
+    keep the graph and its tensors alive if it is dropped without backward), with its
+    version for unpack's in-place check (detach() shares the version counter)."""
+    return Saved(t if t.grad_fn is None else t.detach())
 
 
 def _is_param(t: torch.Tensor) -> bool:
@@ -131,7 +134,7 @@ class ActivationSwapper(UnhookedForwards):
         # (runs once per saved tensor: isinstance(t, Parameter) runs a Python metaclass
         # check, so plain tensors are told apart by their type first)
         if (t.requires_grad and t.is_leaf) or (type(t) is not torch.Tensor and _is_param(t)):
-            return t  # lives elsewhere anyway: moving it frees nothing
+            return Saved(t)  # lives elsewhere anyway: moving it frees nothing
         rep = self.report
         rep.saved_tensors += 1
         gen = self.gen
@@ -166,7 +169,7 @@ class ActivationSwapper(UnhookedForwards):
             self._log("keep", gen, cand, nbytes)
             return kept
         h = self._offload(t, nbytes, st, gen, cand)
-        gen.seen[key] = (weakref.ref(t), h)
+        gen.seen[key] = (h.src, h)
         return h
 
     def _offload(self, t: torch.Tensor, nbytes: int, st: _DeviceState, gen: Generation,
@@ -185,7 +188,7 @@ class ActivationSwapper(UnhookedForwards):
                 h.event.record(d2h)
             # Buffer reuse: t's device memory must not be handed out again while the d2h
             # stream reads it, so t stays referenced here until its copy is done.
-            st.out.append((h.event, t, nbytes))
+            st.out.append((h.event, t, nbytes, h))
             st.out_bytes += nbytes
             self._throttle(st)
         else:
@@ -203,7 +206,15 @@ class ActivationSwapper(UnhookedForwards):
     def _drain(self, st: _DeviceState) -> None:
         """Let go of device tensors whose copy to the host is done (frees their memory)."""
         while st.out and st.out[0][0].query():
-            st.out_bytes -= st.out.popleft()[2]
+            self._let_go(st)
+
+    @staticmethod
+    def _let_go(st: _DeviceState) -> None:
+        """Drop the oldest device tensor whose copy out is done; remember its version (an
+        in-place change before now may have raced the copy: unpack then raises)."""
+        _, t, nbytes, h = st.out.popleft()
+        st.out_bytes -= nbytes
+        h.last = t._version
 
     def _throttle(self, st: _DeviceState) -> None:
         self._drain(st)
@@ -216,9 +227,12 @@ class ActivationSwapper(UnhookedForwards):
 
     # ---- unpack ----------------------------------------------------------------------
     def unpack(self, obj):
+        if type(obj) is Saved:
+            return obj.get()
         if not isinstance(obj, Handle):
             return obj
         h, gen = obj, obj.gen
+        h.check()
         st = self.state(h.device)
         if st.cuda:
             self._drain(st)
@@ -285,5 +299,5 @@ class ActivationSwapper(UnhookedForwards):
         for st in self._states.values():
             while st.out:
                 host_wait(st.out[0][0])  # host sync: closing; let go of every device tensor
-                st.out_bytes -= st.out.popleft()[2]
+                self._let_go(st)
         self.clock.fold(block=True)

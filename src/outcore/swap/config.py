@@ -42,7 +42,8 @@ class SwapConfig:
     host_memory     cap on pinned host bytes for swapping; None: no cap.
     slab_bytes      pinned host memory is reserved in slabs of this size (pinned once).
     timing          time copies and compute stalls with device events (for the report).
-    by_module       attribute swapped bytes to the leaf module that saved them (report).
+    by_module       attribute swapped bytes to the module whose forward saved them (the
+                    innermost one running; report).
     trace           record every offload and fetch decision in order (tests, debugging).
     """
 
@@ -76,7 +77,7 @@ class SwapConfig:
                                    "such as '1MiB'")
         reserve = None
         if reserve_bytes is not None:
-            reserve = 0 if reserve_bytes == 0 else parse_bytes(reserve_bytes, "reserve_bytes")
+            reserve = 0 if _zero(reserve_bytes) else parse_bytes(reserve_bytes, "reserve_bytes")
         cfg = cls(
             gpu_memory=parse_bytes(gpu_memory, "gpu_memory"),
             min_swap_bytes=parse_bytes(min_swap_bytes, "min_swap_bytes"),
@@ -88,8 +89,29 @@ class SwapConfig:
             host_memory=parse_bytes(host_memory, "host_memory"),
             slab_bytes=parse_bytes(slab_bytes, "slab_bytes"),
             timing=timing, by_module=by_module, trace=trace)
+        for name, value in (("gpu_memory", gpu_memory), ("min_swap_bytes", min_swap_bytes),
+                            ("prefetch_bytes", prefetch_bytes), ("host_memory", host_memory),
+                            ("param_prefetch_bytes", param_prefetch_bytes),
+                            ("slab_bytes", slab_bytes)):
+            if getattr(cfg, name) == 0:   # a fraction of a byte, such as 0.5
+                raise OutcoreError(f"{name}={value!r} is less than one byte: give a whole "
+                                   "number of bytes or a string such as '16GiB'")
         if cfg.gpu_memory is not None and cfg.reserve_bytes is not None \
                 and cfg.reserve_bytes >= cfg.gpu_memory:
             raise OutcoreError(f"reserve_bytes={reserve_bytes!r} must be below "
                                f"gpu_memory={gpu_memory!r}: lower the reserve or raise the budget")
         return cfg
+
+
+def _zero(value) -> bool:
+    """True for a reserve of zero written as 0, 0.0 or a string such as "0" or "0GiB"."""
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, (int, float)):
+        return value == 0
+    if isinstance(value, str):
+        try:
+            return float(value.strip().rstrip("BbKkMmGgTtIi ")) == 0
+        except ValueError:
+            return False
+    return False

@@ -27,6 +27,7 @@ from torch import nn
 from torch.autograd.graph import saved_tensors_hooks
 from torch.utils._pytree import tree_leaves
 
+from ..errors import OutcoreError
 from .activations import ActivationSwapper
 from .config import SwapConfig
 from .host import HostStore
@@ -47,7 +48,7 @@ class Swap:
         self.model, self.config = model, config
         self._own_store = store is None
         self.store = store or HostStore(config.slab_bytes, config.host_memory)
-        self._report = SwapReport()
+        self._report = SwapReport(timed=config.timing)
         self.clock = CopyClock(self._report, config.timing)
         self.acts = ActivationSwapper(config, self.store, self._report, self.clock)
         self.acts.pending_grad = self._pending_grad
@@ -56,6 +57,7 @@ class Swap:
         self._frames: list = []     # the frame that called each live forward (innermost last)
         self._hooked = True
         self.closed = False
+        self._entered = 0           # `with` blocks of this swap entered and not left
         self._final: SwapReport | None = None
         self.params = None
         self._handles = [model.register_forward_pre_hook(self._enter, with_kwargs=True)]
@@ -64,11 +66,15 @@ class Swap:
                 self.params = ParamSwapper(model, self.store, self._report, self.clock,
                                            config.param_prefetch_bytes, config.force_copy)
                 self._handles += self.params.install()
-            if config.by_module:
+            if config.by_module:  # the innermost module running saves: its name on entry,
+                acts = self.acts      # its caller's (the parent's) on return
                 for name, mod in model.named_modules():
-                    if next(mod.children(), None) is None:
-                        self._handles.append(mod.register_forward_pre_hook(
-                            lambda m, a, n=name: setattr(self.acts, "current_module", n)))
+                    self._handles += [
+                        mod.register_forward_pre_hook(
+                            lambda m, a, n=name: setattr(acts, "current_module", n)),
+                        mod.register_forward_hook(
+                            lambda m, a, o, n=name.rpartition(".")[0]:
+                            setattr(acts, "current_module", n), always_call=True)]
             self._handles.append(model.register_forward_hook(self._exit, always_call=True))
         except BaseException:
             self.close()
@@ -176,10 +182,16 @@ class Swap:
             self.store.release()
 
     def __enter__(self) -> "Swap":
+        if self.closed:
+            raise OutcoreError("this outcore.swap is closed (its with block ended or close() "
+                               "ran): make a new one with outcore.swap(model, ...)")
+        self._entered += 1
         return self
 
     def __exit__(self, *exc) -> bool:
-        self.close()
+        self._entered -= 1
+        if self._entered <= 0:  # the outermost `with` of this swap: nested ones keep it on
+            self.close()
         return False
 
     def __repr__(self) -> str:

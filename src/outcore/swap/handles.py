@@ -17,6 +17,7 @@ import weakref
 
 import torch
 
+from ..errors import OutcoreError
 from .host import HostStore, Run
 
 _next_seq = getattr(torch._C._autograd, "_get_sequence_nr", None)
@@ -41,6 +42,38 @@ def dense(t: torch.Tensor) -> bool:
     return False
 
 
+class ModifiedError(OutcoreError, RuntimeError):
+    """A saved tensor was modified in place before backward used it (a RuntimeError, as
+    autograd's own error is)."""
+
+
+def check_version(t: torch.Tensor, saved: int, now: int | None = None) -> None:
+    """Autograd's check that a saved tensor was not modified in place since it was saved
+    (`now`: its current version, default t._version; t: the tensor or a Handle): torch
+    skips it for tensors packed by saved-tensor hooks, so unpack makes it."""
+    now = t._version if now is None else now
+    if now != saved:
+        kind = str(t.dtype).replace("torch.", "")
+        raise ModifiedError(
+            "one of the variables needed for gradient computation has been modified by an "
+            f"inplace operation: [{kind} {list(t.shape)}] is at version {now}; expected "
+            f"version {saved} instead (checked by outcore.swap): clone it before the "
+            "in-place op, or make that op out of place")
+
+
+class Saved:
+    """A saved tensor left where it is, with its version at save time (see check_version)."""
+
+    __slots__ = ("t", "version")
+
+    def __init__(self, t: torch.Tensor):
+        self.t, self.version = t, t._version
+
+    def get(self) -> torch.Tensor:
+        check_version(self.t, self.version)
+        return self.t
+
+
 class Handle:
     """One swapped tensor: where its bytes are on the host, and its device copy if fetched.
 
@@ -50,7 +83,7 @@ class Handle:
 
     __slots__ = ("gen", "index", "cand", "seq", "store", "run", "host", "shape", "stride",
                  "dtype", "device", "nbytes", "event", "dev", "ready", "packs", "unpacks",
-                 "ahead", "used", "__weakref__")
+                 "ahead", "used", "src", "version", "last", "__weakref__")
 
     def __init__(self, gen: "Generation", cand: int, store: HostStore, run: Run,
                  t: torch.Tensor, nbytes: int):
@@ -59,6 +92,10 @@ class Handle:
         self.host = run.view(t.dtype, t.numel())
         self.shape, self.stride, self.dtype = t.shape, t.stride(), t.dtype
         self.device, self.nbytes = t.device, nbytes
+        # The saved tensor (weak), its version at save and the last version seen: unpack
+        # checks that it was not modified in place (see check()).
+        self.src, self.version = weakref.ref(t), t._version
+        self.last = self.version
         self.event = None      # last copy touching the host run (d2h, then each h2d)
         self.dev = None
         self.ready = None      # h2d copy into `dev` done
@@ -66,6 +103,14 @@ class Handle:
         self.ahead = False     # fetched ahead of use and not used yet (counts in inflight)
         self.used = False      # used in the current backward
         gen.items.append(weakref.ref(self))
+
+    def check(self) -> None:
+        """Raise ModifiedError if the saved tensor was modified in place since its save: its
+        version now while it is alive, else the last one seen (`last`, set when the device
+        tensor is let go after its copy out; a change before then may have raced the copy)."""
+        src = self.src()
+        if src is not None or self.last != self.version:
+            check_version(self, self.version, src._version if src is not None else self.last)
 
     def __del__(self):
         # Buffer reuse: the host run is reused only after the last copy touching it is done.

@@ -28,6 +28,7 @@ from .host import HostStore
 from .report import CopyClock, SwapReport
 
 _OWNED: dict[int, object] = {}   # id(param) -> ParamSwapper managing it (refuse nesting)
+_task_id = getattr(torch._C, "_current_graph_task_id", None)   # the running backward
 
 
 class _Slot:
@@ -72,17 +73,21 @@ class ParamSwapper:
         if any(_OWNED.get(id(p), self) is not self for _, ps in found for p in ps):
             raise OutcoreError("a parameter is already swapped by an enclosing outcore.swap: "
                                "pass swap_params=False to the inner one")
-        for mod, params in found:
-            for p in params:
-                if id(p) not in self.slots:
-                    self.slots[id(p)] = _Slot(p, store)
-                    _OWNED[id(p)] = self
-            self.units.append([self.slots[id(p)] for p in params])
-            self.modules.append(mod)
+        try:
+            for mod, params in found:
+                for p in params:
+                    if id(p) not in self.slots:
+                        self.slots[id(p)] = _Slot(p, store)
+                        _OWNED[id(p)] = self
+                self.units.append([self.slots[id(p)] for p in params])
+                self.modules.append(mod)
+        except BaseException:  # host_memory too small: give back what was taken
+            self._forget()
+            raise
         self.order: list[int] = []        # units in first-call order, this forward
         self.prev: list[int] = []         # ... and in the previous forward
         self.bwd: list[int] = []          # order of the forward that built the graph
-        self._queued = False
+        self._queued = None           # graph task whose end restores the parameters
         self.closed = False
         self._node_hooks: list = []
         self._pos: dict[int, int] = {}
@@ -192,6 +197,7 @@ class ParamSwapper:
         self._prev_pos = {u: i for i, u in enumerate(self.prev)}
         self._pos: dict[int, int] = {}
         self._node_hooks = []  # the previous forward's graph keeps its hooks; see close()
+        self._queued = None    # (a backward that raised never ran its callback)
         for s in self.slots.values():
             if s.on_device:
                 self._out(s, step_start=True)
@@ -216,8 +222,9 @@ class ParamSwapper:
     def _backward(self, u: int) -> None:
         if self.closed:  # a graph that outlived the swap: parameters are on the device
             return
-        if not self._queued:
-            self._queued = True
+        task = _task_id() if _task_id is not None else 0
+        if self._queued != task:  # first node of this backward (a failed one drops callbacks)
+            self._queued = task
             # Runs when this backward ends: every parameter back on the device for the step.
             torch.autograd.Variable._execution_engine.queue_callback(self._after_backward)
         self._use(u)
@@ -225,7 +232,7 @@ class ParamSwapper:
             self._ahead(self.bwd, self._bwd_pos[u] - 1, -1)
 
     def _after_backward(self) -> None:
-        self._queued = False
+        self._queued = None
         if not self.closed:
             self.restore()
 
@@ -247,6 +254,10 @@ class ParamSwapper:
         for h in self._node_hooks:
             h.remove()
         self._node_hooks.clear()
+        self._forget()
+
+    def _forget(self) -> None:
+        """Return every host run and let go of every parameter (another swap may take it)."""
         for s in self.slots.values():
             if s.event is not None:
                 host_wait(s.event)  # host sync: closing; the host run is about to be reused

@@ -42,6 +42,7 @@ class SwapReport:
     host_reserved_bytes: int = 0    # pinned host memory held for swapping
     host_peak_bytes: int = 0
     by_module: dict[str, int] = field(default_factory=dict)   # bytes sent to host, per module
+    timed: bool = True              # copies were timed (timing=True): the times mean something
 
     @property
     def hidden_s(self) -> float:
@@ -68,8 +69,10 @@ class SwapReport:
             f"  to device {self.fetched_tensors:7d} tensors {fmt_bytes(self.bytes_to_device):>10}"
             f"   params {fmt_bytes(self.param_bytes_to_device)}"
             f"   ({self.prefetched_tensors} prefetched)",
-            f"  copies {self.copy_s * 1e3:.1f} ms, exposed {self.stall_s * 1e3:.1f} ms, "
-            f"hidden {100 * self.hidden_fraction:.0f}%, host waits {self.host_wait_s * 1e3:.1f} ms",
+            (f"  copies {self.copy_s * 1e3:.1f} ms, exposed {self.stall_s * 1e3:.1f} ms, "
+             f"hidden {100 * self.hidden_fraction:.0f}%" if self.timed else
+             "  copies not timed (timing=False)")
+            + f", host waits {self.host_wait_s * 1e3:.1f} ms",
             f"  pinned host {fmt_bytes(self.host_reserved_bytes)} "
             f"(peak in use {fmt_bytes(self.host_peak_bytes)})",
         ]
