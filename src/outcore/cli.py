@@ -57,29 +57,57 @@ def _train_parser(sub) -> None:
     p.add_argument("--held-gpu-updates", help="with clipping (held updates): off (default), "
                    "auto, or N: blocks 1..N updated on the GPU as the next forward loads them")
     p.add_argument("--seed", type=int)
-    p.add_argument("--nproc", type=int, help="data-parallel ranks on this machine (re-runs "
-                   "itself under torchrun; host state sharded over them)")
+    p.add_argument("--nproc", type=_at_least_one, help="data-parallel ranks on this machine "
+                   "(re-runs itself as N processes; host state sharded over them)")
     p.set_defaults(func=_run_train)
+
+
+def _at_least_one(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1 (got {n})")
+    return n
 
 
 def _run_train(args) -> int:
     from . import config, train
-    from .parallel.launch import init_distributed, relaunch, under_torchrun
-    if args.nproc and args.nproc > 1 and not under_torchrun():
-        argv = sys.argv[1:]
-        i = argv.index("--nproc") if "--nproc" in argv else None
-        argv = argv[:i] + argv[i + 2:] if i is not None else \
-            [a for a in argv if not a.startswith("--nproc=")]
-        return relaunch(args.nproc, argv or ["train"])
-    if under_torchrun():
-        init_distributed()  # Engine(...) then shards its state over the ranks
+    from .parallel.launch import init_distributed, relaunch, shutdown, under_torchrun
     flags = {k: v for k, v in vars(args).items()
-             if k not in ("func", "config", "command", "nproc")}
+             if k not in ("func", "config", "command", "nproc", "argv")}
     file_values = config.load_toml(args.config) if args.config else {}
-    cfg = config.build(file_values, flags)
-    summary = train.run(cfg)
+    cfg = config.build(file_values, flags)   # config mistakes: one line, before any rank
+    if args.nproc and args.nproc > 1 and not under_torchrun():
+        if cfg.batch_size * cfg.grad_accum < args.nproc:   # else every rank fails at step 1
+            raise OutcoreError(f"--nproc {args.nproc}: a batch of {cfg.batch_size} x "
+                               f"{cfg.grad_accum} rows cannot be split over {args.nproc} "
+                               "ranks: raise --batch-size or lower --nproc")
+        # the ranks get the same arguments (--nproc included: under torchrun it only
+        # says "distributed"), so no spelling of it (--nproc=2, --npr 2) is lost or kept
+        return relaunch(args.nproc, getattr(args, "argv", None) or ["train"])
+    if not under_torchrun():
+        summary = train.run(cfg)
+    else:
+        init_distributed()  # Engine(...) then shards its state over the ranks
+        try:
+            summary = train.run(cfg)
+        except BaseException:
+            shutdown(barrier=False)   # a peer may be in another collective, or gone
+            raise
+        shutdown()
     sig = summary.get("stopped_by_signal")
     return 128 + sig if sig else 0  # the shell's convention for "ended by a signal"
+
+
+def _say(line: str) -> None:
+    """One line on stderr; a rank of `--nproc N` hands it to the launcher, which prints
+    each job's error once (not once per rank)."""
+    from .parallel.launch import report_line, under_torchrun
+    if under_torchrun() and report_line(line):
+        return
+    print(line, file=sys.stderr)
 
 
 class _OneLineParser(argparse.ArgumentParser):
@@ -111,16 +139,17 @@ def main(argv: list[str] | None = None) -> int:
     if not argv:
         argv = ["train"]  # no arguments: the demo
     args = parser.parse_args(argv)
+    args.argv = argv
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
     try:
         return int(args.func(args) or 0)
     except OutcoreError as e:
-        print(f"outcore: error: {e}", file=sys.stderr)
+        _say(f"outcore: error: {e}")
         return 2
     except KeyboardInterrupt:
-        print("outcore: interrupted", file=sys.stderr)
+        _say("outcore: interrupted")
         return 130
 
 

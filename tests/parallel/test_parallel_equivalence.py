@@ -101,6 +101,18 @@ def test_lazy_ranks_fill_their_shards_as_one_process_fills_the_whole(tmp_path):
         assert "is for one process" in o["copy_error"]   # the default ("auto") keeps none
 
 
+def test_a_signal_to_one_rank_reaches_every_rank_after_the_same_step(tmp_path):
+    """SIGINT to rank 1 alone, before its step 2: the handler runs on both ranks after step
+    2 (parallel/signals.py), not on rank 1 only, where a checkpoint's collectives would
+    meet the other rank's next step and hang."""
+    cfg = {"family": "decoder", "rows": 4, "steps": 4, "signal_rank": 1, "signal_step": 1,
+           "out": str(tmp_path / "out")}
+    rc, errs, _ = run_ranks(cfg, 2, timeout=60)
+    assert rc == [0, 0], "\n".join(e[-2000:] for e in errs)
+    outs = [torch.load(f"{cfg['out']}.{r}") for r in range(2)]
+    assert [o["signalled"] for o in outs] == [[2], [2]]
+
+
 def test_a_killed_rank_is_named_and_the_others_exit(tmp_path):
     cfg = {"family": "decoder", "rows": 6, "steps": 4, "kill_rank": 1, "kill_step": 1,
            "heartbeat": 5, "out": str(tmp_path / "out")}

@@ -44,9 +44,13 @@ def main(cfg: dict) -> None:
         except outcore.OutcoreError as e:
             out["copy_error"] = str(e)
     engine = outcore.Engine(model, optimizer=opt, **kw)
+    out["signalled"] = []   # engine.step_count when this rank's SIGINT handler ran
+    signal.signal(signal.SIGINT, lambda *_: out["signalled"].append(engine.step_count))
     for i, b in enumerate(batches):
         if cfg.get("kill_rank") == rank and i == cfg.get("kill_step", 1):
             os.kill(os.getpid(), signal.SIGKILL)
+        if cfg.get("signal_rank") == rank and i == cfg.get("signal_step", 1):
+            os.kill(os.getpid(), signal.SIGINT)   # this rank only, before its step i
         out["losses"].append(engine.train_step(b, loss_fn=loss_fn_for(fam)))
         out["rows"].append(engine.stats.history[-1]["rows"])
         if cfg.get("save_at") == i + 1:

@@ -9,6 +9,8 @@ Per step, with N ranks each holding 1/N of every group's host state (shard.py):
   backward  the fp32 flat gradient of g is reduce-scattered: each rank receives the sum
             over ranks of its own slice, copies it to the host and runs AdamW on its shard
   clipping  the global norm is the sum over ranks of each shard's norm^2 (one all-reduce)
+  signals   SIGINT/SIGTERM reach the program's handler at the end of the same step on every
+            rank (signals.py), so all ranks stop, or checkpoint, after the same step
 Device-side AdamW (gpu_updates) is off: its plan is measured per rank and would diverge.
 """
 
@@ -22,6 +24,7 @@ from .comm import Comm
 from .launch import local_device, watchdog
 from .shard import ShardedCache, ShardedHost, placeholder
 from .shares import ShareMeter
+from .signals import Agreement
 
 
 class ShardedEngine(Engine):
@@ -54,6 +57,7 @@ class ShardedEngine(Engine):
             # be this rank's GPU, also when the caller initialised the process group itself.
             torch.cuda.set_device(self.device)
         self.meter = ShareMeter(self.comm, shares, every=measure_every)
+        self.signals = Agreement()
 
     # -- construction hooks ----------------------------------------------------------
     def _host_state(self):
@@ -100,7 +104,8 @@ class ShardedEngine(Engine):
     # -- the step ----------------------------------------------------------------------
     def train_step(self, batch: dict, loss_fn=None) -> float:
         """One step on the GLOBAL batch (every rank passes the same one); returns the
-        whole batch's mean loss (one all-reduce)."""
+        whole batch's mean loss (one all-reduce, which also agrees on signals)."""
+        self.signals.wrap()
         if self._snapshot:  # drop the gathered copy made by .model
             for grp in self.groups:
                 for p in grp.params:
@@ -123,11 +128,17 @@ class ShardedEngine(Engine):
         else:
             self._loss_weight = n / B
         part = super().train_step(local, loss_fn)
-        loss = self.comm.sum_(torch.tensor([part], dtype=torch.float64))
+        # Host sync (collective): every rank's loss part and signal notes in one all-reduce:
+        # row r is rank r's [loss part, SIGINT noted, SIGTERM noted]
+        rows = torch.zeros(self.world, 3, dtype=torch.float64)
+        rows[self.rank] = torch.tensor([part, *self.signals.notes()], dtype=torch.float64)
+        rows = self.comm.sum_(rows)
+        loss = float(rows[:, 0].sum())
         self.meter.observe(n, max(self.stats.compute_s, 1e-9))
-        self.stats.history[-1]["loss"] = float(loss)
+        self.stats.history[-1]["loss"] = loss
         self.stats.history[-1]["rows"] = n
-        return float(loss)
+        self.signals.deliver(rows[:, 1:].amax(0).tolist())   # the same on every rank
+        return loss
 
     def _loss(self, out, batch, loss_fn) -> torch.Tensor:
         return super()._loss(out, batch, loss_fn) * self._loss_weight
@@ -153,6 +164,10 @@ class ShardedEngine(Engine):
             local = local.cpu()
         # Host sync: held updates need the global norm (sum over ranks) before any update.
         return float(torch.sqrt(self.comm.sum_(local.double())).item())
+
+    def close(self) -> None:
+        super().close()
+        self.signals.unwrap()
 
     def save(self, path) -> None:
         """Collective: every rank writes its shard into `path` (see parallel/checkpoint.py)."""

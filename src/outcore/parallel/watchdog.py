@@ -2,7 +2,7 @@
 
 Every rank writes `hb/{rank}` = its wall time every `interval` s from a daemon thread and
 reads everybody else's. A rank whose heartbeat is older than `timeout` s (or a store that
-stops answering: rank 0 hosts torchrun's TCPStore, so that means rank 0 is gone) ends
+stops answering: its host, rank 0, torchrun's agent or `--nproc`'s launcher, is gone) ends
 this process with a one-line message, instead of hanging in a collective forever.
 """
 
@@ -60,12 +60,14 @@ class Watchdog:
                     self._fail(f"rank {', '.join(map(str, self._dead))} stopped (no heartbeat "
                                f"for {self.timeout:.0f} s): it died or hangs")
                     return
-            except Exception as e:  # the store is gone: it lives in rank 0's process
+            except Exception as e:  # the store is gone: its host process (rank 0 or the
+                # launcher: torchrun's agent, relaunch) ended
                 if self._stop.is_set():
                     return
                 self._dead.append(0)
-                self._fail(f"rank 0 is gone (the rendezvous store it hosts stopped "
-                           f"answering: {str(e).splitlines()[0] if str(e) else type(e).__name__})")
+                why = str(e).splitlines()[0] if str(e) else type(e).__name__
+                self._fail(f"rank 0 or the launcher is gone (the job's rendezvous store "
+                           f"stopped answering: {why})")
                 return
 
     def stop(self) -> None:
