@@ -1,9 +1,10 @@
 """Find a model's repeated blocks and split its parameters into streaming groups.
 
 A model is seen as `rest` (everything outside the blocks: embeddings, final norm, head)
-plus N blocks, each an entry of one nn.ModuleList / nn.Sequential. Group 0 is `rest`;
-groups 1..N are the blocks. The model's code is never changed: the engine only swaps a
-block's `forward` for the duration of a step.
+plus N blocks, each an entry of one nn.ModuleList / nn.Sequential that holds parameters
+(an entry without any runs as part of `rest`). Group 0 is `rest`; groups 1..N are the
+blocks. The model's code is never changed: the engine only swaps a block's `forward` for
+the duration of a step.
 """
 
 from __future__ import annotations
@@ -63,6 +64,9 @@ def find_blocks(model: nn.Module, blocks: str | None) -> tuple[str, nn.Module]:
         return isinstance(c, (nn.ModuleList, nn.Sequential)) and len(c) > 0
 
     if blocks is not None:
+        if not isinstance(blocks, str):
+            raise TypeError(f"blocks={blocks!r} must be the attribute path of the repeated "
+                            "layers as a string, such as 'model.layers', or None")
         c = model if blocks in ("", ".") else _get(model, blocks)
         if not ok(c):
             raise OutcoreError(
@@ -92,8 +96,8 @@ def find_blocks(model: nn.Module, blocks: str | None) -> tuple[str, nn.Module]:
 def build_groups(model: nn.Module, path: str, container: nn.Module) -> list[Group]:
     """Split the model's distinct parameters into [rest, block 0, block 1, ...].
 
-    A Parameter shared between places (tied weights) belongs to the first group that holds
-    it; a parameter shared between a block and `rest` goes to `rest` (resident all step).
+    A Parameter shared between places (tied weights) belongs to the group that holds it;
+    one shared across a block's edge (with `rest` or another block) is refused.
     """
     prefix = f"{path}." if path else ""
     block_of: dict[str, int] = {}
@@ -115,10 +119,22 @@ def build_groups(model: nn.Module, path: str, container: nn.Module) -> list[Grou
         if id(p) in owner:
             continue
         where = in_blocks.get(id(p), set())
-        if id(p) in outside or len(where) != 1:
-            g = rest
-        else:
-            g = blocks[next(iter(where))]
+        if where and (id(p) in outside or len(where) > 1):
+            # A block's backward recomputes it with its own parameters only: the other
+            # place's use of the tensor would get no gradient (measured: wrong weights).
+            names = [m for m, q in all_params if q is p]
+            raise OutcoreError(
+                f"parameter {names[0]!r} is shared with {names[1]!r}, across the edge of a "
+                "streamed block: untie them, or pass blocks= so the sharing stays outside "
+                "the blocks (tied embeddings and head are fine)")
+        g = rest if not where else blocks[next(iter(where))]
         owner[id(p)] = g
         g.add(n, p)
+    # An entry without parameters (Flatten, an activation, Dropout) has nothing to stream:
+    # it runs as the model's own code, in rest's graph. Streamed, one before the first
+    # parameter had no input needing a gradient and no weight: its backward called
+    # autograd.grad on nothing (a RuntimeError for nn.Sequential(nn.Flatten(), ...)).
+    blocks = [b for b in blocks if b.names]
+    for i, b in enumerate(blocks):
+        b.index = i + 1
     return [rest] + blocks

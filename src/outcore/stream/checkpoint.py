@@ -4,6 +4,7 @@ Layout of PATH/:
   state.json          format, step, optimizer config, per-group names/shapes/offsets
   master.safetensors  group.{g}: flat fp32 master weights of group g
   optim.safetensors   group.{g}.exp_avg / .exp_avg_sq / .step: AdamW state of group g
+  buffers.safetensors the model's persistent buffers by name (BatchNorm statistics)
   rng.pt              torch (and CUDA) RNG states
 """
 
@@ -29,8 +30,12 @@ FORMAT = "outcore-engine-1"
 def atomic_dir(path: Path, write) -> None:
     """Call write(tmpdir), then move tmpdir to `path`; a crash leaves the old `path` intact."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
+    except OSError as e:   # not writable, a file on the way, no such device
+        raise OutcoreError(f"cannot write {path} ({e.strerror or e}): give a path in a "
+                           "writable directory") from None
     try:
         write(tmp)
         for f in tmp.rglob("*"):  # flush file contents before the rename makes them visible
@@ -49,7 +54,36 @@ def atomic_dir(path: Path, write) -> None:
         raise
 
 
+def _check_target(path) -> Path:
+    """Where engine.save may write: a new path, an empty directory or an older checkpoint
+    (replaced whole, so never a directory of other files, nor a file)."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"engine.save takes a directory path, not {type(path).__name__}")
+    path = Path(path)
+    if path.is_dir() and any(path.iterdir()) and not (path / "state.json").is_file():
+        raise OutcoreError(f"{path} is a directory that is not an outcore checkpoint: save "
+                           "replaces the whole directory, so give a new or empty path")
+    if path.exists() and not path.is_dir():
+        raise OutcoreError(f"{path} is a file: engine.save writes a directory, give "
+                           "another path")
+    return Path(os.path.abspath(path))   # "." and "x/.." get a name to rename
+
+
+def _buffers(engine) -> dict[str, torch.Tensor]:
+    """The model's persistent buffers (BatchNorm's running statistics, counters) by name,
+    as the engine uses them: its per-group device copies (flow._device_buffers)."""
+    keep = set(engine._model.state_dict(keep_vars=True))
+    out = {}
+    for g, bufs in enumerate(engine._buffers):
+        prefix = f"{engine.groups[g].name}." if g else ""
+        for local, b in bufs.items():
+            if prefix + local in keep and b is not None:
+                out[prefix + local] = b
+    return out
+
+
 def save(engine, path) -> None:
+    path = _check_target(path)
     engine.synchronize()
 
     def write(tmp: Path) -> None:
@@ -65,6 +99,9 @@ def save(engine, path) -> None:
             for k, v in engine.opt.state_tensors(i).items():
                 opt[f"group.{i}.{k}"] = v.reshape(-1) if v.dim() else v.reshape(1)
         save_file(opt, str(tmp / "optim.safetensors"))
+        # Host sync (device buffers): once a save, after synchronize() above.
+        save_file({k: b.detach().to("cpu", copy=True).contiguous()
+                   for k, b in _buffers(engine).items()}, str(tmp / "buffers.safetensors"))
         rng = {"cpu": torch.get_rng_state(),
                "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
         torch.save(rng, tmp / "rng.pt")
@@ -96,21 +133,40 @@ def load(cls, path, model, **kwargs):
     if is_lazy(model):
         kwargs.setdefault("init", left_as_is)   # no initial values: the checkpoint's replace them
     engine = cls(model, **kwargs)
-    saved = [g["names"] for g in state["groups"]]
-    if saved != [g.names for g in engine.groups]:
-        raise OutcoreError(f"{path} was saved from a model with other parameters or blocks: "
-                           "load it into the same architecture")
+    # kept[i]: the saved group of group i here (entries without parameters were empty
+    # groups in checkpoints from before blocks.build_groups left them to `rest`)
+    kept = [i for i, g in enumerate(state["groups"]) if i == 0 or g["names"]]
+    groups = [state["groups"][i] for i in kept]
+    saved = [(n, s) for g in groups for n, s in zip(g["names"], g["shapes"])]
+    here = [(n, list(p.shape)) for g in engine.groups for n, p in zip(g.names, g.params)]
+    blocks = [len(g["names"]) for g in groups] != [len(g.names) for g in engine.groups]
+    if saved != here or blocks:
+        engine.close()   # its optimizer thread
+        diff = next((f"{a[0]} {a[1]} saved, {b[0]} {b[1]} here" for a, b in zip(saved, here)
+                     if a != b), f"{len(saved)} parameters saved, {len(here)} here"
+                    if len(saved) != len(here) else "other blocks")
+        raise OutcoreError(f"{path} was saved from another model ({diff}): load it into the "
+                           "same architecture")
     master = _read(path / "master.safetensors", lambda f: load_file(str(f)))
     for i, m in enumerate(engine.host.master):
         if m.numel():
-            m.copy_(master[f"group.{i}"])
+            m.copy_(master[f"group.{kept[i]}"])
             engine.host.refresh(i)   # the 16-bit copy was made from the model's weights
     opt = _read(path / "optim.safetensors", lambda f: load_file(str(f)))
     for i in range(len(engine.groups)):
-        st = {k.split(".", 2)[2]: v for k, v in opt.items() if k.startswith(f"group.{i}.")}
+        st = {k.split(".", 2)[2]: v for k, v in opt.items()
+              if k.startswith(f"group.{kept[i]}.")}
         if "step" in st:
             st["step"] = st["step"].reshape(())
         engine.opt.load_state_tensors(i, st)
+    if (path / "buffers.safetensors").is_file():   # absent in checkpoints before buffers
+        saved_bufs = _read(path / "buffers.safetensors", lambda f: load_file(str(f)))
+        live = dict(engine._model.named_buffers())
+        for name, b in _buffers(engine).items():
+            if name in saved_bufs:
+                b.copy_(saved_bufs[name])
+                if live[name] is not b:
+                    live[name].copy_(saved_bufs[name])   # the model's own (host) buffer too
     engine.step_count = state["step"]
     rng = _read(path / "rng.pt", lambda f: torch.load(f, weights_only=False))
     torch.set_rng_state(rng["cpu"])

@@ -46,8 +46,10 @@ from .schedule import UpdateSchedule
 from .peaks import PeakWatch
 from .stash import ActivationStash
 from .stats import ComputeTimer, StepStats
-from .validate import (check_batch, check_copy_option, check_host_room, forward_kwargs,
-                       resolve_copy_option, resolve_device, resolve_staged_cap)
+from .validate import (check_batch, check_copy_option, check_host_room, check_loss,
+                       check_loss_fn, check_lr, check_model, check_optimizer,
+                       check_step_options, forward_kwargs, resolve_copy_option,
+                       resolve_device, resolve_staged_cap)
 
 
 # The fewest blocks' gradients that may wait for the CPU AdamW (Engine.max_staged_grads:
@@ -67,18 +69,15 @@ class Engine(StepFlow, StepAccounting):
                  host_weight_copy: bool | str = "auto",
                  keep_weights: bool = True, block_slots: int = 3,
                  init=None, verbose: bool = False):
+        check_model(model)
+        self._closed = False
         self.device = resolve_device(device)
         if compute_dtype is None:
             compute_dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
         if compute_dtype not in (torch.float32, torch.bfloat16, torch.float16):
             raise OutcoreError(f"compute_dtype={compute_dtype} is not supported: use "
                                "torch.float32 or torch.bfloat16")
-        if micro_batch_size is not None and (not isinstance(micro_batch_size, int)
-                                             or micro_batch_size < 1):
-            raise OutcoreError(f"micro_batch_size={micro_batch_size!r} must be a positive int "
-                               "or None")
-        if max_grad_norm is not None and not max_grad_norm > 0:
-            raise OutcoreError(f"max_grad_norm={max_grad_norm!r} must be > 0 or None")
+        check_step_options(micro_batch_size, max_grad_norm, skip_nonfinite)
         self.gpu_memory = parse_bytes(gpu_memory, "gpu_memory")
         self.block_slots = check_slots(block_slots)
         self.compute_dtype = compute_dtype
@@ -88,7 +87,7 @@ class Engine(StepFlow, StepAccounting):
         # clipping, and for skip_nonfinite (a non-finite gradient anywhere skips the whole
         # step). It costs the overlap of the CPU updates with backward.
         self.hold_updates = max_grad_norm is not None or bool(skip_nonfinite)
-        self.optimizer_config = optimizer or AdamW()
+        self.optimizer_config = check_optimizer(optimizer)
         # A model built on the meta device is made real group by group, straight into the
         # host state (materialize.py): no whole fp32 model is ever allocated.
         self._fill = lazy_fill(model, init)
@@ -230,7 +229,7 @@ class Engine(StepFlow, StepAccounting):
         the step before, so updates still pending now keep their own step's rate (setting
         it at once raced with them: runs with a schedule were not reproducible).
         """
-        self._next_lr = lr
+        self._next_lr = check_lr(lr)
 
     @property
     def num_params(self) -> int:
@@ -247,6 +246,10 @@ class Engine(StepFlow, StepAccounting):
         Returns the batch's mean loss (a host sync at the end of the step).
         """
         t0 = time.perf_counter()
+        if self._closed:
+            raise OutcoreError("train_step after engine.close(): its optimizer thread has "
+                               "stopped; build a new Engine (or Engine.load a checkpoint)")
+        check_loss_fn(loss_fn)
         kwargs = forward_kwargs(self._forward_params, check_batch(batch),
                                 self.edges.to_device)
         self._nonfinite_groups: list[int] = []
@@ -290,11 +293,7 @@ class Engine(StepFlow, StepAccounting):
             dev_batch = {k: kwargs[k] if k in kwargs else self.edges.to_device(v)
                          for k, v in batch.items()}
             loss = self._loss(out, dev_batch, loss_fn)
-        if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
-            what = f"has shape {tuple(loss.shape)}" if isinstance(loss, torch.Tensor) else \
-                f"is a {type(loss).__name__}"
-            raise OutcoreError(f"the loss {what}, not a tensor of one number: make loss_fn "
-                               "return a scalar tensor (for example with .mean())")
+        check_loss(loss)   # attributes only: no host sync
         self.edges.post_loss(loss)
         # Every update of the last step has been waited for by this forward, so holding
         # (clipping) now cannot starve it.
@@ -368,6 +367,7 @@ class Engine(StepFlow, StepAccounting):
         return load(cls, path, model, **kwargs)
 
     def close(self) -> None:
+        self._closed = True   # train_step refuses from here: no worker would run its updates
         self.synchronize()
         self.keep.drop()   # device memory of the kept weights goes back now
         self.schedule.close()

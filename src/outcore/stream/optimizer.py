@@ -7,6 +7,7 @@ is exactly torch.optim.AdamW's update of the separate parameters, in one fused c
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 
 import torch
@@ -26,15 +27,27 @@ class AdamW:
     weight_decay: float = 0.01
 
     def __post_init__(self):
-        if not (self.lr >= 0):
-            raise OutcoreError(f"AdamW lr={self.lr} must be >= 0")
+        def number(name, x) -> float:
+            if not isinstance(x, numbers.Real) or isinstance(x, bool):
+                raise TypeError(f"AdamW {name}={x!r} must be a number")
+            return x
+        betas = self.betas
+        if not isinstance(betas, (tuple, list)) or len(betas) != 2:
+            raise TypeError(f"AdamW betas={betas!r} must be a pair (beta1, beta2), such as "
+                            "(0.9, 0.999)")
+        self.betas = (number("betas[0]", betas[0]), number("betas[1]", betas[1]))
+        inf = float("inf")
+        # `not (... )` forms: nan fails every comparison, so it is refused too
+        if not (0 <= number("lr", self.lr) < inf):
+            raise OutcoreError(f"AdamW lr={self.lr} must be a finite number >= 0")
         b1, b2 = self.betas
         if not (0 <= b1 < 1 and 0 <= b2 < 1):
             raise OutcoreError(f"AdamW betas={self.betas} must each be in [0, 1)")
-        if not (self.eps > 0):
-            raise OutcoreError(f"AdamW eps={self.eps} must be > 0")
-        if self.weight_decay < 0:
-            raise OutcoreError(f"AdamW weight_decay={self.weight_decay} must be >= 0")
+        if not (0 < number("eps", self.eps) < inf):
+            raise OutcoreError(f"AdamW eps={self.eps} must be a finite number > 0")
+        if not (0 <= number("weight_decay", self.weight_decay) < inf):
+            raise OutcoreError(f"AdamW weight_decay={self.weight_decay} must be a finite "
+                               "number >= 0")
 
 
 def _fused_cpu_available() -> bool:

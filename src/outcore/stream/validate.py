@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import inspect
+import numbers
 
 import torch
+from torch import nn
 
 from .. import planner
 from ..errors import OutcoreError
 from ..units import fmt_bytes
+from .optimizer import AdamW
 
 
 def resolve_device(device) -> torch.device:
@@ -32,8 +35,79 @@ def resolve_device(device) -> torch.device:
     return dev
 
 
+def check_model(model) -> None:
+    """An nn.Module whose parameters all train: the engine runs AdamW (weight decay too) on
+    every parameter it streams, so a frozen one would change."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"Engine takes an nn.Module, not {type(model).__name__}: build the "
+                        "model first (for example outcore.models.decoder('1b'))")
+    if next(model.parameters(), None) is None:
+        raise OutcoreError(f"{type(model).__name__} has no parameters: nothing to train")
+    frozen = [n for n, p in model.named_parameters() if not p.requires_grad]
+    if frozen:
+        raise OutcoreError(f"parameter {frozen[0]!r} has requires_grad=False ({len(frozen)} "
+                           "frozen in all): the engine trains every parameter, so register "
+                           "frozen tensors as buffers or set requires_grad=True")
+
+
+def check_optimizer(optimizer) -> AdamW:
+    """Engine(optimizer=...): an outcore.AdamW instance (None: its defaults)."""
+    if optimizer is None:
+        return AdamW()
+    if isinstance(optimizer, AdamW):
+        return optimizer
+    what = "the class outcore.AdamW" if optimizer is AdamW else type(optimizer).__name__
+    raise TypeError(f"optimizer={what}: pass outcore.AdamW(lr=..., betas=..., eps=..., "
+                    "weight_decay=...), the engine runs AdamW on its own host state")
+
+
+def check_step_options(micro_batch_size, max_grad_norm, skip_nonfinite) -> None:
+    """Engine(micro_batch_size=..., max_grad_norm=..., skip_nonfinite=...)."""
+    if micro_batch_size is not None and (not isinstance(micro_batch_size, int)
+                                         or isinstance(micro_batch_size, bool)
+                                         or micro_batch_size < 1):
+        raise OutcoreError(f"micro_batch_size={micro_batch_size!r} must be a positive int "
+                           "or None")
+    if max_grad_norm is not None and (not isinstance(max_grad_norm, numbers.Real)
+                                      or isinstance(max_grad_norm, bool)
+                                      or not max_grad_norm > 0):   # nan fails too
+        raise OutcoreError(f"max_grad_norm={max_grad_norm!r} must be a number > 0 or None")
+    if skip_nonfinite not in (None, False, True):   # "no" would count as True
+        raise OutcoreError(f"skip_nonfinite={skip_nonfinite!r}: use True or False")
+
+
+def check_lr(lr) -> float:
+    """engine.set_lr(lr): a finite number >= 0 (the worker thread would fail on another)."""
+    if (not isinstance(lr, numbers.Real) or isinstance(lr, bool)
+            or not 0 <= lr < float("inf")):
+        raise OutcoreError(f"set_lr({lr!r}): the learning rate must be a finite number >= 0")
+    return float(lr)
+
+
+def check_loss_fn(loss_fn) -> None:
+    if loss_fn is not None and not callable(loss_fn):
+        raise TypeError(f"loss_fn={type(loss_fn).__name__}: pass a function "
+                        "loss_fn(output, batch) -> scalar tensor, or None for output.loss")
+
+
+def check_loss(loss) -> None:
+    """What backward can start from: one real number with a graph to the parameters."""
+    if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+        what = f"has shape {tuple(loss.shape)}" if isinstance(loss, torch.Tensor) else \
+            f"is a {type(loss).__name__}"
+        raise OutcoreError(f"the loss {what}, not a tensor of one number: make loss_fn "
+                           "return a scalar tensor (for example with .mean())")
+    if not loss.dtype.is_floating_point:
+        raise OutcoreError(f"the loss is a {loss.dtype} tensor: make loss_fn return a real "
+                           "floating-point scalar computed from the model's output")
+    if not loss.requires_grad:
+        raise OutcoreError("the loss does not depend on the model's parameters (no grad_fn): "
+                           "compute it from the output without .detach(), .item() or "
+                           "torch.no_grad()")
+
+
 def check_batch(batch) -> dict:
-    """A non-empty dict of tensors sharing dim 0."""
+    """A non-empty dict of tensors sharing dim 0, with at least one row."""
     if not isinstance(batch, dict) or not batch:
         raise OutcoreError("train_step takes a non-empty dict of tensors, such as "
                            "{'input_ids': ..., 'labels': ...}")
@@ -48,6 +122,9 @@ def check_batch(batch) -> dict:
         raise OutcoreError(f"batch entries disagree on the batch size (dim 0): {sizes}")
     if not sizes:
         raise OutcoreError("the batch holds no tensors")
+    if 0 in sizes.values():
+        raise OutcoreError(f"the batch has no rows (dim 0 is 0: {sizes}): skip empty "
+                           "batches, a step on one would still apply weight decay")
     return batch
 
 
