@@ -839,6 +839,16 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
                              "train-1b,train-1b-held,train-3b,train-3b-held",
                              "--measure", "train-1b,train-1b-held,train-3b,train-3b-held",
                              "--out", "plan-h200-s39b"])],
+    # nvidia-h200 (session 39): the GPU tests of what this session's reviews changed (the
+    # engine's set-up and checkpoints, swap's version checks on the d2h stream), then
+    # `outcore train --model 1b` planned (held model with the gradients' copies out, host
+    # copies as train decides) and run
+    "s39-check": [(200, PY + ["-m", "pytest", "-q", "-rs", "-p", "no:warnings",
+                              "--durations=5", "tests/stream/test_gpu.py"]),
+                  (90, PY + ["-m", "pytest", "-q", "-rs", "-p", "no:warnings",
+                             "tests/swap/test_swap_cuda.py"]),
+                  (140, PY + [B + "plan_gpu.py", "--cases", "train-1b", "--measure",
+                              "train-1b", "--out", "plan-h200-s39c"])],
     # nvidia-h200 (written in session 25): tf32x3's error on Gram matrices by BIG_CHUNK
     "s26-gram": [(120, PY + [B + "diag/x3_gram.py"])],
     # nvidia-h200 (session 22): 3b-16k outcore alone, 8 measured steps each: the balance

@@ -22,8 +22,10 @@ def register(sub) -> None:
                    "B/param instead of 16")
     p.add_argument("--held-gpu-updates", default="off", help="as `train --held-gpu-updates`"
                    ": with clipping, blocks updated on the GPU by their next load (off, auto, N)")
-    p.add_argument("--host-weight-copy", action="store_true", help="16-bit copies of the "
-                   "weights on the host (+2 B/param; bfloat16 only)")
+    p.add_argument("--host-weight-copy", nargs="?", const="on", default="auto",
+                   choices=["auto", "on", "off"], help="16-bit copies of the weights on the "
+                   "host (+2 B/param; bfloat16 only): auto (default, as `train` decides: on a "
+                   "GPU with bf16 compute, no held GPU updates and host room to spare), on, off")
     p.add_argument("--seq-len", type=int, default=2048, help="tokens per sequence, for the "
                    "timed block's attention (default 2048)")
     p.add_argument("--compile-kernels", action="store_true", help="time the block with its "
@@ -67,7 +69,8 @@ def _run(args) -> int:
     plan = make_plan(shape, tokens_per_step=args.tokens_per_step, micro_tokens=args.micro_tokens,
                      gpu_limit=gpu, host_limit=host, clip=not args.no_clip,
                      compute_itemsize=dtype.itemsize, calib=calib,
-                     host_copy=args.host_weight_copy and dtype.itemsize == 2,
+                     host_copy=_copies(args.host_weight_copy, device, dtype, held, shape,
+                                       host, not args.no_clip),
                      block_s_per_token=block_s, held_gpu_updates=held)
     if calib is not None:
         h2d = f", host->device {calib.h2d / 1e9:.1f} GB/s" if calib.h2d else ""
@@ -81,3 +84,18 @@ def _run(args) -> int:
     if why:
         print(f"why: {why}")
     return 0 if plan.fits else 1
+
+
+def _copies(choice: str, device: str, dtype, held, shape, host: int | None,
+            clip: bool) -> bool:
+    """Whether the plan has 16-bit host copies: "auto" as Engine(host_weight_copy="auto")
+    resolves it for `outcore train` (stream/validate.resolve_copy_option): a CUDA device,
+    bf16, no held GPU updates, and host room for the state, the copies and
+    AUTO_COPY_MARGIN B/param to spare."""
+    if choice != "auto":
+        return choice == "on" and dtype.itemsize == 2
+    from .stream.validate import AUTO_COPY_MARGIN
+    if not device.startswith("cuda") or dtype.itemsize != 2 or held:
+        return False
+    need = ((16 if clip else 12) + 2 + AUTO_COPY_MARGIN) * shape.params
+    return host is None or need <= host

@@ -112,26 +112,31 @@ def held_step(plan, compute_s: float, cpu_rate: float) -> tuple[float, int]:
     AdamW starts when backward ends (the norm is known), rest first, then the blocks in
     the forward's order; the forward's first k blocks update on the device as they load,
     their m, v and gradient crossing with the weights (12 B/param more, deferred.py): k as
-    plan.held_gpu_updates says (0, the trainer's default; N; "auto": up to MAX_SHARE of
-    the blocks, the shortest step taken). A block computes once its update is done and its
-    bytes are in (the loads queue on one link from backward's end)."""
+    plan.held_gpu_updates says (0, the trainer's default; N; "auto": see below). A block
+    computes once its update is done and its bytes are in (the loads queue on one link
+    from backward's end); backward takes its compute or its gradients' copies out."""
     s = plan.shape
     n = s.layers
     held = plan.held_gpu_updates
-    ks = range(int(MAX_SHARE * n) + 1) if held == "auto" else [min(int(held or 0), n)]
+    # "auto": the engine's feedback (deferred.plan) moves blocks from 1 on up to MAX_SHARE
+    # of them once the forward waits for the CPU, which on the H200 was at once, to the cap
+    # (session 39: blocks 1-9 of 16 at 1b, 1-16 of 28 at 3b)
+    k = int(MAX_SHARE * n) if held == "auto" else min(int(held or 0), n)
+    # backward: its compute, or every gradient's copy out to the host where that is longer
+    # (session 39: at 3b and 4096 tokens 13.5 GB of fp32 gradients against 0.15 s of compute)
+    one_micro = plan.micro_tokens >= plan.tokens_per_step
+    grad_b = 2 if (plan.host_copy and one_micro) else 4
+    backward = max(BACKWARD_SHARE * compute_s, grad_b * s.params / LINK_BPS)
     per_block = (1 - BACKWARD_SHARE) * compute_s / max(1, n)
     load = (2 if plan.host_copy else 4) * s.block_params / LINK_BPS
-    best = (float("inf"), 0)
-    for k in ks:
-        cpu = s.rest_params / cpu_rate         # rest: the forward's first need
-        t, link = cpu, 0.0
-        for b in range(1, n + 1):
-            link += load + (12 * s.block_params / LINK_BPS if b <= k else 0.0)
-            if b > k:
-                cpu += s.block_params / cpu_rate
-            t = max(t, link, cpu if b > k else 0.0) + per_block
-        best = min(best, (BACKWARD_SHARE * compute_s + t, k))
-    return best
+    cpu = s.rest_params / cpu_rate         # rest: the forward's first need
+    t, link = cpu, 0.0
+    for b in range(1, n + 1):
+        link += load + (12 * s.block_params / LINK_BPS if b <= k else 0.0)
+        if b > k:
+            cpu += s.block_params / cpu_rate
+        t = max(t, link, cpu if b > k else 0.0) + per_block
+    return backward + t, k
 
 
 def predict(plan, compute_s: float, rates: list[float]) -> dict:

@@ -35,23 +35,29 @@ def test_a_fast_cpu_leaves_a_compute_bound_step():
 
 
 def test_held_updates_wait_for_backward_then_share_the_blocks():
+    from outcore.stream.balance import LINK_BPS
+    from outcore.stream.deferred import MAX_SHARE
     p = _plan("1b", tokens=4096, clip=True, copy=False, held="auto")
     s = p.shape
-    # an unlimited CPU: backward, then a forward that waits only for its loads
-    from outcore.stream.balance import LINK_BPS
-    loads = s.layers * 4 * s.block_params / LINK_BPS
-    free = held_step(p, 0.2, 1e18)[0]
-    assert 0.2 <= free <= 0.2 * 0.7 + max(0.2 * 0.3, loads + 0.2 * 0.3 / s.layers) + 1e-9
-    step, k = held_step(p, 0.2, 2.5e9)
-    assert k > 0 and step > 0.2
-    # never worse than all on the CPU, whose wait is at least rest's and the last block's
-    all_cpu = 0.2 * 0.7 + s.params / 2.5e9 + 0.2 * 0.3 / s.layers
-    assert step <= all_cpu + 1e-9
+    k = int(MAX_SHARE * s.layers)   # "auto": the engine's feedback moves blocks to its cap
+    # an unlimited CPU: backward (its compute or its gradients out), then a forward that
+    # waits only for its loads, the held blocks' m, v and gradient crossing with them
+    backward = max(0.2 * 0.7, 4 * s.params / LINK_BPS)
+    loads = (k * 16 + (s.layers - k) * 4) * s.block_params / LINK_BPS
+    free, k_free = held_step(p, 0.2, 1e18)
+    assert k_free == k and free == pytest.approx(backward + loads + 0.2 * 0.3 / s.layers)
     # the trainer's default (held_gpu_updates off): every update on the CPU, the forward's
-    # last block after the whole AdamW; a fixed N is taken as given
+    # last block after the whole AdamW
+    all_cpu = backward + s.params / 2.5e9 + 0.2 * 0.3 / s.layers
     off, k_off = held_step(_plan("1b", tokens=4096, clip=True, copy=False), 0.2, 2.5e9)
-    assert k_off == 0 and off == pytest.approx(all_cpu) and off > step
+    assert k_off == 0 and off == pytest.approx(all_cpu)
+    step, k_auto = held_step(p, 0.2, 2.5e9)
+    assert k_auto == k and free <= step < off   # the GPU takes a share: shorter than all-CPU
     assert held_step(_plan("1b", tokens=4096, clip=True, copy=False, held=3), 0.2, 2.5e9)[1] == 3
+    # 16-bit copies: a single micro-batch's gradients cross in bf16 (half the copy out)
+    big = _plan("3b", tokens=4096, clip=True, copy=True)
+    assert held_step(big, 0.01, 1e18)[0] < held_step(_plan("3b", tokens=4096, clip=True,
+                                                           copy=False), 0.01, 1e18)[0]
 
 
 def test_compute_falls_back_to_the_matmul_rate():
@@ -84,4 +90,21 @@ def test_the_plan_prints_a_range_on_a_gpu_calibration():
     off = make_plan(model_shape("3b"), tokens_per_step=16384, gpu_limit=int(14.5 * GIB),
                     host_limit=None, clip=True, calib=calib)
     assert "every update on the CPU after backward" in "\n".join(off.lines())
-    assert min(off.step_s["step"]) > max(held.step_s["step"])
+    assert "16/16 blocks updated as they load" in "\n".join(held.lines())   # 0.6 x 28
+
+
+def test_plan_takes_host_copies_as_train_decides():
+    """`outcore plan --host-weight-copy auto` (the default) resolves as the trainer's
+    Engine(host_weight_copy="auto") does: a GPU, bf16, no held GPU updates, host room."""
+    from outcore.plan_cli import _copies
+    s = model_shape("1b")
+    bf16, fp32 = torch.bfloat16, torch.float32
+    assert _copies("auto", "cuda", bf16, 0, s, None, True)
+    assert _copies("auto", "cuda:0", bf16, 0, s, 22 * s.params, True)       # 16 + 2 + 4
+    assert not _copies("auto", "cuda", bf16, 0, s, 21 * s.params, True)     # no room to spare
+    assert not _copies("auto", "cuda", bf16, "auto", s, None, True)         # held GPU updates
+    assert not _copies("auto", "cpu", bf16, 0, s, None, True)
+    assert not _copies("auto", "cuda", fp32, 0, s, None, True)
+    assert _copies("on", "cpu", bf16, 0, s, None, True) and not _copies("on", "cpu", fp32, 0, s,
+                                                                         None, True)
+    assert not _copies("off", "cuda", bf16, 0, s, None, True)
