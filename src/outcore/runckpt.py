@@ -26,10 +26,12 @@ from pathlib import Path
 from typing import Callable
 
 import torch
+from safetensors import SafetensorError
 
 from .errors import OutcoreError
 from .stream.checkpoint import FORMAT as SINGLE_FORMAT
 from .stream.checkpoint import atomic_dir
+from .units import fmt_bytes
 
 SHARDED_FORMAT = "outcore-sharded-1"   # parallel/checkpoint.py's FORMAT
 
@@ -57,7 +59,15 @@ def save_run(path: Path, engine, tokenizer, trainer_state: dict, hf: bool) -> No
         if os.environ.get(KILL_ENV) == str(trainer_state["step"]):
             os.kill(os.getpid(), signal.SIGKILL)
         (tmp / "trainer.json").write_text(json.dumps(trainer_state, indent=1))
-    atomic_dir(path, write)
+    try:
+        atomic_dir(path, write)
+    except (OSError, SafetensorError) as e:   # a full disk, a quota, a dead network mount
+        # atomic_dir has removed the partial copy: earlier checkpoints are intact
+        why = getattr(e, "strerror", None) or str(e).splitlines()[0]
+        need = fmt_bytes(12 * engine.num_params * (2 if hf else 1))
+        raise OutcoreError(f"could not write the checkpoint {path} ({why}): it needs about "
+                           f"{need} of free disk; free space or pass --output-dir on a "
+                           "larger disk (earlier checkpoints are kept)") from None
 
 
 def is_complete(path: Path) -> bool:

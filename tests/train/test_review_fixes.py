@@ -255,3 +255,35 @@ def test_devices_that_are_not_here_are_one_line(tmp_path, capsys):
                  "--output-dir", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err.strip()
     assert "CUDA is not available" in err and len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize("err", [OSError(28, "No space left on device"),
+                                 "safetensors"])
+def test_a_full_disk_at_a_checkpoint_is_one_line_and_keeps_the_earlier_ones(
+        tmp_path, corpus, monkeypatch, err):
+    """A write that fails (ENOSPC from the OS, or safetensors' own I/O error) ends the run
+    with one line naming the checkpoint and the space it needs; no temporary is left and
+    the earlier checkpoint stays loadable."""
+    from safetensors import SafetensorError
+
+    import outcore.stream.checkpoint as ck
+    real, calls = ck.save_file, []
+
+    def failing(tensors, path, *a, **kw):
+        calls.append(path)
+        if "step-00000004" in path or "final" in path:
+            if err == "safetensors":
+                raise SafetensorError("Error while serializing: I/O error: No space left on "
+                                      "device (os error 28)")
+            raise err
+        return real(tensors, path, *a, **kw)
+    monkeypatch.setattr(ck, "save_file", failing)
+    out = tmp_path / "run"
+    with pytest.raises(OutcoreError) as e:
+        train.run(_cfg(out, corpus, max_steps=6))
+    msg = _one_line(e)
+    assert "could not write the checkpoint" in msg and "step-00000004" in msg
+    assert "No space left on device" in msg and "free disk" in msg
+    left = sorted(p.name for p in (out / "checkpoints").iterdir())
+    assert left == ["step-00000002"]   # no temporary, the earlier one kept
+    assert runckpt.is_complete(out / "checkpoints" / "step-00000002")
