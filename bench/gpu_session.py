@@ -849,6 +849,9 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
                              "tests/swap/test_swap_cuda.py"]),
                   (140, PY + [B + "plan_gpu.py", "--cases", "train-1b", "--measure",
                               "train-1b", "--out", "plan-h200-s39c"])],
+    # nvidia-h200 (session 39): the held model since b375b3d against a run, at 1b
+    "s39-held1b": [(200, PY + [B + "plan_gpu.py", "--cases", "train-1b-held", "--measure",
+                               "train-1b-held", "--out", "plan-h200-s39d"])],
     # nvidia-h200 (written in session 25): tf32x3's error on Gram matrices by BIG_CHUNK
     "s26-gram": [(120, PY + [B + "diag/x3_gram.py"])],
     # nvidia-h200 (session 22): 3b-16k outcore alone, 8 measured steps each: the balance
