@@ -53,6 +53,17 @@ def plain(model, data, clip=None, lrs=None):
         opt.step()
 
 
+def train_both(model, data, ref=None, clip=None, **kw):
+    """(engine, reference): `model` trained by the engine on `data`, and a copy of it (or
+    `ref`) trained in memory by plain PyTorch; the caller compares and closes."""
+    ref = copy.deepcopy(model) if ref is None else ref
+    plain(ref, data, clip=clip)
+    eng = engine(model, **({"max_grad_norm": clip} if clip is not None else {}), **kw)
+    for b in data:
+        eng.train_step(b, loss_fn=ce)
+    return eng, ref
+
+
 def assert_state_matches(eng, ref, tol=1e-5):
     ours = eng.model.state_dict()
     for name, want in ref.state_dict().items():
@@ -70,12 +81,8 @@ def test_cnn_with_uneven_micro_batches_and_clipping_matches_plain_pytorch():
     torch.manual_seed(1)
     model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.Conv2d(4, 4, 3, padding=1),
                           nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 3))
-    ref = copy.deepcopy(model)
-    data = batches(rows=7, shape=(3, 8, 8))
-    plain(ref, data, clip=0.05)
-    eng = engine(model, micro_batch_size=3, max_grad_norm=0.05)   # 7 rows: 3 + 3 + 1
-    for b in data:
-        eng.train_step(b, loss_fn=ce)
+    eng, ref = train_both(model, batches(rows=7, shape=(3, 8, 8)), clip=0.05,
+                          micro_batch_size=3)   # 7 rows: 3 + 3 + 1
     assert_state_matches(eng, ref)
     eng.close()
 
@@ -84,12 +91,8 @@ def test_a_model_of_one_layer_and_a_16_bit_model_match_plain_pytorch():
     for make in (lambda: nn.Sequential(nn.Linear(8, 3)), lambda: mlp().to(torch.bfloat16)):
         torch.manual_seed(1)
         model = make()
-        ref = copy.deepcopy(model).float()   # the engine's masters are fp32
-        data = batches()
-        plain(ref, data)
-        eng = engine(model)
-        for b in data:
-            eng.train_step(b, loss_fn=ce)
+        # the engine's masters are fp32
+        eng, ref = train_both(model, batches(), ref=copy.deepcopy(model).float())
         assert_state_matches(eng, ref)
         eng.close()
 
@@ -171,13 +174,7 @@ class _TiedOutside(nn.Module):
 
 def test_tied_parameters_outside_the_blocks_still_match_plain_pytorch():
     torch.manual_seed(1)
-    model = _TiedOutside()
-    ref = copy.deepcopy(model)
-    data = batches()
-    plain(ref, data)
-    eng = engine(model)
-    for b in data:
-        eng.train_step(b, loss_fn=ce)
+    eng, ref = train_both(_TiedOutside(), batches())
     assert_state_matches(eng, ref)
     assert eng.model.head.weight is eng.model.inp.weight
     eng.close()
@@ -193,13 +190,9 @@ def test_entries_without_parameters_match_plain_pytorch():
                  lambda: nn.Sequential(nn.Linear(8, 8), act, nn.Linear(8, 3), act)):
         torch.manual_seed(1)
         model = make()
-        ref = copy.deepcopy(model)
         data = batches(shape=(2, 4)) if isinstance(model[0], nn.Flatten) else batches()
-        plain(ref, data, clip=0.05)
-        eng = engine(model, micro_batch_size=4, max_grad_norm=0.05)
+        eng, ref = train_both(model, data, clip=0.05, micro_batch_size=4)
         assert len(eng.groups) == 3   # rest and the two Linear: nothing to stream in the rest
-        for b in data:
-            eng.train_step(b, loss_fn=ce)
         assert_state_matches(eng, ref)
         eng.close()
 
@@ -375,13 +368,7 @@ def test_buffers_are_saved_and_restored(tmp_path):
                    "second time (the hot path: reported, not fixed here)")
 def test_batchnorm_running_statistics_match_plain_pytorch():
     torch.manual_seed(1)
-    model = bn_model()
-    ref = copy.deepcopy(model)
-    data = batches()
-    plain(ref, data)
-    eng = engine(model)
-    for b in data:
-        eng.train_step(b, loss_fn=ce)
+    eng, ref = train_both(bn_model(), batches())
     try:
         assert_state_matches(eng, ref)
     finally:
