@@ -212,6 +212,7 @@ class Engine(StepFlow, StepAccounting):
         """The user's module, its parameters the current fp32 masters (waits for updates).
         Edits to them are seen by the next train_step, which reloads every group."""
         self.synchronize()
+        self._buffers_to_model()
         self._host_changed = True
         return self._model
 

@@ -36,6 +36,17 @@ class StepFlow:
             out[g][local] = b.to(self.device)
         return out
 
+    def _buffers_to_model(self) -> None:
+        """The engine's copies of the buffers (on the device: BatchNorm's running statistics
+        move there) into the model's own, for `.model` and what reads it (host copies)."""
+        live = dict(self._model.named_buffers())
+        for g, bufs in enumerate(self._buffers):
+            prefix = f"{self.groups[g].name}." if g else ""
+            for local, b in bufs.items():
+                mine = live.get(prefix + local)
+                if mine is not None and mine is not b:
+                    mine.copy_(b)   # host sync: once per .model, after synchronize()
+
     def _accumulate_into(self, leaves: dict[str, torch.Tensor], numel: int) -> torch.Tensor:
         """A zeroed flat fp32 gradient of group 0, each leaf's `.grad` a view of it: autograd
         then adds each parameter's gradient in place (AccumulateGrad on a defined .grad),

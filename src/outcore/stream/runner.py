@@ -53,6 +53,7 @@ class BlockRunner:
         self.tail = TailSkip()   # the recompute skips each block's last projection
         self.tuple_len: dict[int, int | None] = {}
         self.inside = -1  # the block whose real forward is running (see install)
+        self._has_stats: dict[int, bool] = {}   # g -> holds running statistics (BatchNorm)
 
     @property
     def prefetch_depth(self) -> int:
@@ -100,12 +101,27 @@ class BlockRunner:
             return torch.autocast(self.e.lanes.device.type, enabled=False)
         return torch.autocast(state[0], dtype=state[1])
 
-    def _call(self, g: int, params: dict[str, torch.Tensor], h, extra):
-        """Block g on hidden h with `params` (name -> tensor) in place of its parameters."""
+    def _stats(self, g: int) -> bool:
+        """Block g has modules whose training forward updates buffers in place (BatchNorm's
+        and InstanceNorm's running statistics): looked up once a block."""
+        if g not in self._has_stats:
+            self._has_stats[g] = any(
+                isinstance(m, torch.nn.modules.batchnorm._NormBase) and m.track_running_stats
+                for m in self.e.groups[g].module.modules())
+        return self._has_stats[g]
+
+    def _call(self, g: int, params: dict[str, torch.Tensor], h, extra,
+              recompute: bool = False):
+        """Block g on hidden h with `params` (name -> tensor) in place of its parameters.
+        recompute: backward's second forward, whose in-place buffer updates go to copies
+        (the first forward has made them: running statistics must move once a step)."""
         args, kwargs = extra
         mod = self.e.groups[g].module
         tensors = dict(params)
-        tensors.update(self.e.block_buffers(g))
+        bufs = self.e.block_buffers(g)
+        if recompute and self._stats(g):
+            bufs = {k: v.clone() for k, v in bufs.items()}
+        tensors.update(bufs)
         self.inside = g
         try:
             out = functional_call(mod, tensors, (h, *args), kwargs)
@@ -209,7 +225,7 @@ class BlockRunner:
             def run(i=i, leaves=leaves, h=h):
                 e.rng_restore(rng[i])
                 with torch.enable_grad(), self._autocast(autocast):
-                    return self._call(g, leaves, h, xs[i])
+                    return self._call(g, leaves, h, xs[i], recompute=True)
             out = self.tail.recompute(g, e.groups[g].module, run)
             wrt = list(leaves.values()) + ([h] if input_grad else [])
             grads = torch.autograd.grad(out, wrt, gs[i], allow_unused=True)
