@@ -398,3 +398,10 @@ def test_model_shows_the_engines_buffers():
     assert bn.running_mean is not mine and torch.equal(bn.running_mean, mine)
     assert bn.running_mean.abs().sum() > 0   # moved from its initial zeros
     eng.close()
+
+
+def test_float16_compute_is_refused():
+    """float16 compute was accepted with no loss scaling (gradients underflow silently)."""
+    with pytest.raises(OutcoreError) as e:
+        engine(mlp(), compute_dtype=torch.float16)
+    assert "loss scaling" in one_line(e)

@@ -74,8 +74,10 @@ class Engine(StepFlow, StepAccounting):
         self.device = resolve_device(device)
         if compute_dtype is None:
             compute_dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
-        if compute_dtype not in (torch.float32, torch.bfloat16, torch.float16):
-            raise OutcoreError(f"compute_dtype={compute_dtype} is not supported: use "
+        if compute_dtype not in (torch.float32, torch.bfloat16):
+            fp16 = " (float16 would need loss scaling, which the engine does not do)" \
+                if compute_dtype == torch.float16 else ""
+            raise OutcoreError(f"compute_dtype={compute_dtype} is not supported{fp16}: use "
                                "torch.float32 or torch.bfloat16")
         check_step_options(micro_batch_size, max_grad_norm, skip_nonfinite)
         self.gpu_memory = parse_bytes(gpu_memory, "gpu_memory")
