@@ -17,10 +17,10 @@ Here instead:
   the step  without held updates: stream/simulate.py's block-by-block step on the device
             groups stream/balance.choose picks (the engine's planner), the groups limited
             to what the budget holds beside the plan's working set (DeviceUpdater.affordable);
-            with held updates (clipping, the trainer's default): backward, then a forward
-            whose blocks wait for the CPU AdamW that starts when backward ends, the first
-            of them updated on the device by their load (stream/deferred.py, at most
-            MAX_SHARE of the blocks)
+            with held updates (clipping, the trainer's default): backward (its compute or
+            its gradients' copies out), then a forward whose blocks wait for the CPU AdamW
+            that starts when backward ends; with --held-gpu-updates the first of them
+            update on the device by their load instead (stream/deferred.py)
 """
 
 from __future__ import annotations
