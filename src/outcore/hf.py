@@ -36,7 +36,12 @@ def shard_files(path: str | Path) -> list[Path]:
     p = Path(path)
     index = p / "model.safetensors.index.json"
     if index.is_file():
-        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        try:
+            names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise OutcoreError(f"--model {path}: {index.name} is not a shard index (no "
+                               f"weight_map: {type(e).__name__}): is the checkpoint "
+                               "complete?") from None
         return [p / n for n in names]
     return sorted(p.glob("*.safetensors"))
 
@@ -44,8 +49,14 @@ def shard_files(path: str | Path) -> list[Path]:
 def hf_config(path: str):
     tf = _transformers()
     try:
-        return tf.AutoConfig.from_pretrained(path, local_files_only=True)
+        # trust_remote_code=False: no prompt on stdin, no code from the checkpoint is run
+        return tf.AutoConfig.from_pretrained(path, local_files_only=True,
+                                             trust_remote_code=False)
     except (OSError, ValueError) as e:
+        if "trust_remote_code" in str(e):
+            raise OutcoreError(f"--model {path}: the model needs its own Python code "
+                               "(auto_map in config.json), which outcore does not run: use "
+                               "an architecture transformers has built in") from None
         raise OutcoreError(f"--model {path}: config.json is not a Hugging Face config "
                            f"({str(e).splitlines()[0]})") from None
 
@@ -79,6 +90,13 @@ def lazy_hf(path: str):
     shards = _shards(path)
     model = empty_model(path)
     init = SafetensorsInit(model, shards, path)
+    if (Path(path) / "generation_config.json").is_file():   # kept in the checkpoints saved
+        try:
+            model.generation_config = _transformers().GenerationConfig.from_pretrained(
+                path, local_files_only=True)
+        except (OSError, ValueError) as e:
+            raise OutcoreError(f"--model {path}: generation_config.json does not load "
+                               f"({str(e).splitlines()[0]})") from None
     model.train()
     return model, load_tokenizer(path), init
 
@@ -151,13 +169,21 @@ def _assign(model: nn.Module, name: str, t: torch.Tensor) -> None:
     setattr(mod, leaf, nn.Parameter(t, requires_grad=getattr(mod, leaf).requires_grad))
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tiktoken.model")
+
+
 def load_tokenizer(path: str):
     """The checkpoint's tokenizer, None where it has none (no tokenizer files; for some
     models transformers then builds one with an empty vocabulary)."""
     tf = _transformers()
     try:
-        tok = tf.AutoTokenizer.from_pretrained(path, local_files_only=True)
-    except (OSError, ValueError, TypeError):
+        tok = tf.AutoTokenizer.from_pretrained(path, local_files_only=True,
+                                               trust_remote_code=False)
+    except (OSError, ValueError, TypeError) as e:
+        if any((Path(path) / n).is_file() for n in TOKENIZER_FILES):
+            why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise OutcoreError(f"--model {path}: its tokenizer files do not load ({why}): "
+                               "are they complete?") from None
         return None
     return None if getattr(tok, "vocab_size", None) == 0 else tok
 

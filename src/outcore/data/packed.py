@@ -1,6 +1,6 @@
 """A token array cut into fixed-length rows, served in a seeded order.
 
-Row r of step s is chunk perm[(s * B + r) % n_chunks]: the batch of any step is a pure
+Row r of step s is chunk perm[(s * B + r) % len(perm)]: the batch of any step is a pure
 function of (seed, step), so a resumed run sees exactly the batches an uninterrupted one
 would, with no loader state beyond the step count.
 """
@@ -16,7 +16,8 @@ from ..errors import OutcoreError
 class PackedTokens:
     """tokens: N (int) -> batches {"input_ids": B x T, "labels": B x T}.
 
-    labels: N (int) or None (= tokens); -100 marks tokens without loss (prompts).
+    labels: N (int) or None (= tokens); -100 marks tokens without loss (prompts). Rows
+    with no label to learn (all prompt) are not served.
     """
 
     def __init__(self, tokens: np.ndarray, seq_len: int, seed: int = 0,
@@ -29,14 +30,24 @@ class PackedTokens:
                                                           dtype=np.int64)).view(n, seq_len)
         self.labels = None if labels is None else torch.from_numpy(np.ascontiguousarray(
             labels[: n * seq_len], dtype=np.int64)).view(n, seq_len)
-        self.perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+        # Served rows: those with a label to learn. A row of prompt only (a prompt longer
+        # than --seq-len) has none: alone in a batch its mean loss would be NaN (0/0).
+        # Label 0 is never a target (the models shift labels by one), so it does not count.
+        keep = torch.arange(n) if self.labels is None else \
+            torch.nonzero((self.labels[:, 1:] != -100).any(1)).flatten()
+        if not len(keep):
+            raise OutcoreError(f"every --seq-len {seq_len} sequence of the data is prompt "
+                               "only (no response token to learn): give a longer --seq-len, "
+                               "shorter prompts or longer responses")
+        self.perm = keep[torch.randperm(len(keep),
+                                        generator=torch.Generator().manual_seed(seed))]
         self.seq_len = seq_len
 
     def __len__(self) -> int:
         return self.rows.shape[0]
 
     def batch(self, step: int, batch_size: int) -> dict[str, torch.Tensor]:
-        idx = (torch.arange(batch_size) + step * batch_size) % len(self)
+        idx = (torch.arange(batch_size) + step * batch_size) % len(self.perm)
         rows = self.perm[idx]
         x = self.rows[rows]
         y = x.clone() if self.labels is None else self.labels[rows]
