@@ -112,7 +112,13 @@ def build_model(cfg: TrainConfig):
         if load_tokenizer(cfg.model) is None:  # before any weight is read
             raise OutcoreError(f"--model {cfg.model} has no tokenizer files: add them to the "
                                "checkpoint directory")
-        return lazy_hf(cfg.model)
+        model, tok, init = lazy_hf(cfg.model)
+        # absolute position tables (GPT-2's n_positions) end there; rotary ones do not
+        n_pos = getattr(model.config, "n_positions", None)
+        if isinstance(n_pos, int) and cfg.seq_len > n_pos:
+            raise OutcoreError(f"--seq-len {cfg.seq_len} is longer than --model {cfg.model}'s "
+                               f"position table ({n_pos}): pass --seq-len {n_pos} or less")
+        return model, tok, init
     raise OutcoreError(f"--model {cfg.model!r} is neither a reference size "
                        f"({', '.join(SIZES)}) nor a Hugging Face checkpoint directory")
 

@@ -196,3 +196,13 @@ def test_damaged_checkpoint_dirs_are_one_line(tmp_path):
     with pytest.raises(OutcoreError, match="needs its own Python code") as e:
         lazy_hf(str(src))   # no "[y/N]" prompt on stdin
     _one_line(e)
+
+
+def test_seq_len_past_an_absolute_position_table_is_one_line(tmp_path):
+    """GPT-2's n_positions: a longer --seq-len failed at step 1 with 'index out of range'."""
+    ck = make_checkpoint("gpt2", tmp_path / "gpt2")   # n_positions=128
+    cfg = TrainConfig(model=str(ck), seq_len=256, device="cpu", tensorboard=False,
+                      output_dir=str(tmp_path / "run"))
+    with pytest.raises(OutcoreError, match=r"--seq-len 256 is longer .* position table \(128\)"):
+        train.build_model(cfg)
+    assert train.build_model(TrainConfig(model=str(ck), seq_len=128))[0] is not None
