@@ -405,3 +405,42 @@ def test_float16_compute_is_refused():
     with pytest.raises(OutcoreError) as e:
         engine(mlp(), compute_dtype=torch.float16)
     assert "loss scaling" in one_line(e)
+
+
+class _Reused(nn.Module):
+    """One block of the list run twice a forward (ALBERT-style sharing)."""
+
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList([nn.Linear(8, 8), nn.Linear(8, 8)])
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, input):
+        h = torch.tanh(self.blocks[0](input))
+        h = torch.tanh(self.blocks[1](h))
+        return self.head(torch.tanh(self.blocks[1](h)))
+
+
+def test_a_block_run_twice_is_one_line_and_a_failed_step_leaves_nothing():
+    """A block run twice in one forward was a KeyError from the stash; the checkpoints of
+    that failed step are dropped, so a good step afterwards trains like PyTorch."""
+    torch.manual_seed(1)
+    eng = engine(_Reused())
+    with pytest.raises(OutcoreError) as e:
+        eng.train_step(batches()[0], loss_fn=ce)
+    assert "ran twice in one forward" in one_line(e)
+    eng.close()
+    torch.manual_seed(1)
+    model = mlp()
+    ref = copy.deepcopy(model)
+    data = batches()
+    plain(ref, data[1:])
+    eng = engine(model)
+    with pytest.raises(OutcoreError):   # fails after its forward stashed every block
+        eng.train_step(data[0], loss_fn=lambda o, b: ce(o, b).detach())
+    assert eng.stash.device_bytes > 0
+    for b in data[1:]:
+        eng.train_step(b, loss_fn=ce)
+        assert eng.stash.device_bytes == 0   # every checkpoint taken by its backward
+    assert_state_matches(eng, ref)
+    eng.close()

@@ -253,6 +253,7 @@ class Engine(StepFlow, StepAccounting):
             raise OutcoreError("train_step after engine.close(): its optimizer thread has "
                                "stopped; build a new Engine (or Engine.load a checkpoint)")
         check_loss_fn(loss_fn)
+        self.stash.clear()   # checkpoints a failed step's backward never took
         kwargs = forward_kwargs(self._forward_params, check_batch(batch),
                                 self.edges.to_device)
         self._nonfinite_groups: list[int] = []

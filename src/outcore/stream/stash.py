@@ -11,6 +11,7 @@ from typing import Callable
 
 import torch
 
+from ..errors import OutcoreError
 from ..memory import PinnedPool
 from ..transfer import Lanes
 
@@ -40,6 +41,11 @@ class ActivationStash:
         return self.device_bytes + self.beside()
 
     def put(self, g: int, x: torch.Tensor) -> None:
+        if g in self._dev or g in self._host:
+            raise OutcoreError(
+                f"streamed block {g} ran twice in one forward (one layer used at two places): "
+                "each block streams once a step; keep the shared layer outside the blocks or "
+                "give each place its own layer")
         nbytes = x.numel() * x.element_size()
         # `limit` is the room left for checkpoints beside everything else the step needs at
         # its peak (Engine._stash_limit), so it is compared with the checkpoints' own bytes.
