@@ -852,6 +852,14 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
     # nvidia-h200 (session 39): the held model since b375b3d against a run, at 1b
     "s39-held1b": [(200, PY + [B + "plan_gpu.py", "--cases", "train-1b-held", "--measure",
                                "train-1b-held", "--out", "plan-h200-s39d"])],
+    # nvidia-h200 (session 40): the GPU tests of session 39's changes not yet run on a GPU
+    # (BatchNorm's recompute into copies, .model's buffers, the stash's clear and check,
+    # swap's Saved wrapper), then the swap bench at HEAD against the README's figures
+    "s40-check": [(200, PY + ["-m", "pytest", "-q", "-rs", "-p", "no:warnings",
+                              "--durations=5", "tests/stream/test_gpu.py"]),
+                  (90, PY + ["-m", "pytest", "-q", "-rs", "-p", "no:warnings",
+                             "tests/swap/test_swap_cuda.py"]),
+                  (280, PY + [B + "swap.py", "--budget-s", "240", "--out", "swap-h200-s40"])],
     # nvidia-h200 (written in session 25): tf32x3's error on Gram matrices by BIG_CHUNK
     "s26-gram": [(120, PY + [B + "diag/x3_gram.py"])],
     # nvidia-h200 (session 22): 3b-16k outcore alone, 8 measured steps each: the balance
