@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
 from torch import nn
 
 from ..errors import OutcoreError
@@ -27,6 +28,8 @@ class Group:
     names:  qualified parameter names in the user's model (one per distinct Parameter)
     params: the Parameter objects, same order; shapes define the flat layout
     offsets: start of each parameter in the group's flat buffer (elements)
+    shapes: each parameter's shape when the group was built (the layout's; a user may
+            rebind p.data later: HostState.adopt_rebound)
     numel:  total elements of the flat buffer
     """
 
@@ -36,12 +39,14 @@ class Group:
     names: list[str] = field(default_factory=list)
     params: list[nn.Parameter] = field(default_factory=list)
     offsets: list[int] = field(default_factory=list)
+    shapes: list[torch.Size] = field(default_factory=list)
     numel: int = 0
 
     def add(self, name: str, p: nn.Parameter) -> None:
         self.names.append(name)
         self.params.append(p)
         self.offsets.append(self.numel)
+        self.shapes.append(p.shape)
         self.numel += p.numel()
 
 

@@ -43,6 +43,7 @@ from .ring import Ring
 from .optimizer import AdamW, GroupOptimizers
 from .runner import BlockRunner
 from .schedule import UpdateSchedule
+from .split import check_shared
 from .peaks import PeakWatch
 from .stash import ActivationStash
 from .stats import ComputeTimer, StepStats
@@ -68,7 +69,7 @@ class Engine(StepFlow, StepAccounting):
                  held_gpu_updates: int | str | None = 0,
                  host_weight_copy: bool | str = "auto",
                  keep_weights: bool = True, block_slots: int = 3,
-                 init=None, verbose: bool = False):
+                 shared_args=None, init=None, verbose: bool = False):
         check_model(model)
         self._closed = False
         self.device = resolve_device(device)
@@ -96,6 +97,8 @@ class Engine(StepFlow, StepAccounting):
         self._model = model.float() if self._fill else model.to("cpu").float()
         self.blocks_path, container = find_blocks(model, blocks)
         self.groups = build_groups(model, self.blocks_path, container)
+        # block arguments never split into micro-batches (split.split_extra)
+        self.shared_args = check_shared(shared_args, [g.module for g in self.groups[1:]])
         from .plan import check_fits, describe
         check_fits(self)  # before anything large is pinned or allocated on the device
         self.lanes = Lanes(self.device)

@@ -100,6 +100,7 @@ class StepFlow:
             self._host_changed = False
             self.keep.drop()
             for g in range(len(self.groups)):
+                self.host.adopt_rebound(g)   # p.data = t: t's values become the master
                 self.host.refresh(g)
                 self.cache.invalidate(g)
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch.func import functional_call
 
-from .split import first_tensor, n_micro, split_like
+from .split import first_tensor, n_micro, positional_names, split_extra, split_like
 from .tail import TailSkip
 
 
@@ -54,6 +54,7 @@ class BlockRunner:
         self.tuple_len: dict[int, int | None] = {}
         self.inside = -1  # the block whose real forward is running (see install)
         self._has_stats: dict[int, bool] = {}   # g -> holds running statistics (BatchNorm)
+        self._names: dict[int, list[str]] = {}   # g -> its forward's positional arg names
 
     @property
     def prefetch_depth(self) -> int:
@@ -110,6 +111,13 @@ class BlockRunner:
                 for m in self.e.groups[g].module.modules())
         return self._has_stats[g]
 
+    def _split_extra(self, g: int, extra, batch: int, n: int, size: int) -> list:
+        """Block g's other arguments as n micro-batches (Engine(shared_args=...) repeat)."""
+        shared = self.e.shared_args
+        if shared and g not in self._names:
+            self._names[g] = positional_names(self.e.groups[g].module)
+        return split_extra(extra, self._names.get(g, []), shared, batch, n, size)
+
     def _call(self, g: int, params: dict[str, torch.Tensor], h, extra,
               recompute: bool = False):
         """Block g on hidden h with `params` (name -> tensor) in place of its parameters.
@@ -156,7 +164,7 @@ class BlockRunner:
         B = hidden.shape[0]
         n, size = n_micro(B, e.micro_batch_size)
         hs = split_like(hidden, B, n, size)
-        xs = split_like(extra, B, n, size)
+        xs = self._split_extra(g, extra, B, n, size)
         rng = []
         outs = []
         t = e.timer.start()
@@ -194,7 +202,7 @@ class BlockRunner:
         n, size = n_micro(B, e.micro_batch_size)
         hs = split_like(hidden, B, n, size)
         gs = split_like(grad_out, B, n, size)
-        xs = split_like(extra, B, n, size)
+        xs = self._split_extra(g, extra, B, n, size)
         ring_i, grad_w = e.grad_ring.take()
         half = e.half_grad(g, n)
         if g not in e.updater.groups:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import torch
 
+from ..errors import OutcoreError
 from ..memory import PinnedPool, pin_
 from .blocks import Group
 from .materialize import Fill, repoint
@@ -58,6 +59,22 @@ class HostState:
             self.copy[g.index] = pin_(c) if self.pin else c
             self.refresh(g.index)
 
+    def adopt_rebound(self, g: int) -> None:
+        """After `.model` was handed out: a parameter of group g whose `.data` the user
+        rebound (p.data = t) no longer views the master, and training would ignore it.
+        Its values are copied into the master and it is re-pointed there; a new shape is
+        refused in one line."""
+        grp = self.groups[g]
+        for name, p, view in zip(grp.names, grp.params, self.views(self.master[g], grp)):
+            if p.data_ptr() == view.data_ptr() and p.shape == view.shape:
+                continue
+            if p.shape != view.shape:
+                raise OutcoreError(f"parameter {name!r} was given shape {tuple(p.shape)} "
+                                   f"through .model, the engine trains {tuple(view.shape)}: "
+                                   "build a new Engine for a model of other shapes")
+            view.copy_(p.detach())
+            repoint(p, view)
+
     def refresh(self, g: int) -> None:
         """Group g's master changed on the host: bring its 16-bit copy up to date (the same
         round-to-nearest-even cast the device makes of the fp32 weights)."""
@@ -71,7 +88,7 @@ class HostState:
 
     def views(self, flat: torch.Tensor, g: Group) -> list[torch.Tensor]:
         """Split a flat buffer of group g into tensors shaped like g's parameters."""
-        return [flat[o:o + p.numel()].view(p.shape) for p, o in zip(g.params, g.offsets)]
+        return [flat[o:o + s.numel()].view(s) for s, o in zip(g.shapes, g.offsets)]
 
     def bytes(self) -> int:
         copies = sum(c.numel() * c.element_size() for c in self.copy if c is not None)

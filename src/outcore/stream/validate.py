@@ -43,6 +43,11 @@ def check_model(model) -> None:
                         "model first (for example outcore.models.decoder('1b'))")
     if next(model.parameters(), None) is None:
         raise OutcoreError(f"{type(model).__name__} has no parameters: nothing to train")
+    wide = [n for n, p in model.named_parameters() if p.dtype == torch.float64]
+    if wide:
+        raise OutcoreError(f"parameter {wide[0]!r} is float64: the engine keeps fp32 master "
+                           "weights and would train it in float32; cast the model with "
+                           "model.float() to accept that")
     frozen = [n for n, p in model.named_parameters() if not p.requires_grad]
     if frozen:
         raise OutcoreError(f"parameter {frozen[0]!r} has requires_grad=False ({len(frozen)} "
