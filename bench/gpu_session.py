@@ -860,6 +860,9 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
                   (90, PY + ["-m", "pytest", "-q", "-rs", "-p", "no:warnings",
                              "tests/swap/test_swap_cuda.py"]),
                   (280, PY + [B + "swap.py", "--budget-s", "240", "--out", "swap-h200-s40"])],
+    # nvidia-h200 (session 40): 3b-16k with its peers at HEAD, after session 39's and 40's
+    # engine changes (BatchNorm copies, the stash's clear, shared_args, rebound params)
+    "s40-3b16k": [(570, record("3b-16k", "stream-h200-s40-3b16k", 185))],
     # nvidia-h200 (written in session 25): tf32x3's error on Gram matrices by BIG_CHUNK
     "s26-gram": [(120, PY + [B + "diag/x3_gram.py"])],
     # nvidia-h200 (session 22): 3b-16k outcore alone, 8 measured steps each: the balance
