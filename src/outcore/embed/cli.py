@@ -39,8 +39,8 @@ def register(sub) -> None:
     t.add_argument("--optimizer", choices=["adagrad", "adam"], default="adagrad")
     t.add_argument("--score", choices=["dot", "cosine"], default="dot")
     t.add_argument("--loss", choices=["softmax", "logistic", "ranking"], default="softmax")
-    t.add_argument("--batch-size", type=int, help="positive edges per step (default: E/64, "
-                   "at most 262144)")
+    t.add_argument("--batch-size", type=int, help="positive edges per step (default: E/64 "
+                   "within 4096..262144)")
     t.add_argument("--chunk-size", type=int, default=64)
     t.add_argument("--negatives", type=int, default=64, help="sampled negatives per chunk")
     t.add_argument("--neg-power", type=float, default=0.75, help="negatives ~ degree**p")
@@ -197,6 +197,9 @@ def run_eval(args) -> int:
         raise OutcoreError("embed eval needs --edges (held-out edges) and/or --labels")
     from .trainer import resolve_devices
     resolve_devices([args.device])            # a one-line error for cuda without CUDA
+    if args.eval_negatives < 1:
+        raise OutcoreError(f"--eval-negatives {args.eval_negatives} must be at least 1 (the "
+                           "uniform negatives per chunk of held-out edges, and its size)")
     emb = load_embeddings(args.embeddings)
     N = emb.shape[0]
     d = _eval_dim(args, emb.shape[1])

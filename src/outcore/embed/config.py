@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass, field
 
 from ..errors import OutcoreError
@@ -68,8 +70,15 @@ class EmbedConfig:
             pos_int(name)
         if self.batch_size is not None:
             pos_int("batch_size")
-        if isinstance(self.num_negatives, bool) or self.num_negatives < 0:
-            raise OutcoreError(f"num_negatives={self.num_negatives!r} must be >= 0")
+        if not _is_int(self.num_negatives) or self.num_negatives < 0:
+            raise OutcoreError(f"num_negatives={self.num_negatives!r} must be an integer >= 0")
+        if not _is_int(self.seed) or self.seed < 0:
+            raise OutcoreError(f"seed={self.seed!r} must be an integer >= 0")
+        g = self.gpu_memory
+        if g is not None and (isinstance(g, bool) or not isinstance(g, numbers.Real)
+                              or not math.isfinite(g) or g <= 0):
+            raise OutcoreError(f"gpu_memory={g!r} must be a positive number of bytes, or None "
+                               "to size it from the device")
         if self.num_negatives == 0 and not self.batch_negatives:
             raise OutcoreError("no negatives: set num_negatives > 0 or batch_negatives=True")
         for name, allowed in (("score", SCORES), ("loss", LOSSES),
@@ -83,16 +92,35 @@ class EmbedConfig:
         if self.kernel == "fused":
             from .fused import check_fused
             check_fused(self)
-        if not self.lr > 0:
-            raise OutcoreError(f"lr={self.lr!r} must be positive")
+        self._check_numbers()
         if self.partitions is not None and (isinstance(self.partitions, bool)
                                             or self.partitions < 1):
             raise OutcoreError(f"partitions={self.partitions!r} must be >= 1")
-        if self.p <= 0 or self.q <= 0:
-            raise OutcoreError(f"node2vec p={self.p} and q={self.q} must be positive")
         if self.storage == "mmap" and not self.table_path:
             raise OutcoreError("storage='mmap' needs table_path: give a file path for the table")
         return self
+
+    def _check_numbers(self) -> None:
+        """The real-valued knobs: finite, and each in its range (a NaN or inf trains NaN
+        rows or draws every negative from one node, with no error)."""
+        def real(name, ok, what):
+            v = getattr(self, name)
+            if (isinstance(v, bool) or not isinstance(v, numbers.Real)
+                    or not math.isfinite(v) or not ok(v)):
+                raise OutcoreError(f"{name}={v!r} must be {what}")
+        real("lr", lambda v: v > 0, "a finite number > 0")
+        real("p", lambda v: v > 0, "a finite number > 0 (node2vec's return parameter)")
+        real("q", lambda v: v > 0, "a finite number > 0 (node2vec's in-out parameter)")
+        real("neg_power", lambda v: v >= 0, "a finite number >= 0 (negatives ~ degree**"
+             "neg_power; 0: uniform)")
+        real("init_scale", lambda v: v > 0, "a finite number > 0 (rows start uniform in "
+             "[-init_scale, init_scale])")
+        real("eps", lambda v: v > 0, "a finite number > 0")
+        real("margin", lambda v: True, "a finite number")
+        b = self.betas
+        if not (isinstance(b, (tuple, list)) and len(b) == 2
+                and all(isinstance(x, numbers.Real) and 0 <= x < 1 for x in b)):
+            raise OutcoreError(f"betas={b!r} must be two numbers in [0, 1), e.g. (0.9, 0.999)")
 
     def resolved(self, num_edges: int) -> "EmbedConfig":
         """A copy with batch_size chosen when None: big batches keep a GPU busy (each step
@@ -106,3 +134,7 @@ class EmbedConfig:
     def sides(self) -> int:
         """Vectors per node: 1 (shared) or 2 (source and target, for directed graphs)."""
         return 2 if self.directed else 1
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)

@@ -4,11 +4,17 @@ Link prediction: held-out edges in chunks of `batch_negs`; each edge's target is
 against the other targets of its chunk (its own masked) plus `uniform_negs` nodes drawn
 uniformly for the chunk, and likewise its source: rank = 1 + #(negatives scoring >= the
 positive). MRR is the mean of 1/rank over both corruptions; Hits@10 the share of ranks
-<= 10. Node classification: a logistic regression (torch, L-BFGS) on the embeddings of half
-the labelled nodes, micro- and macro-F1 on the other half.
+<= 10. A graph of at most `uniform_negs` nodes is ranked against every other node once
+instead (the exact rank, at most N): that many draws with replacement would count each
+node many times over, the edge's own node among them as a tie.
+
+Node classification: a logistic regression (torch, L-BFGS) on the embeddings of half the
+labelled nodes, micro- and macro-F1 on the other half.
 """
 
 from __future__ import annotations
+
+import numbers
 
 import numpy as np
 import torch
@@ -43,6 +49,7 @@ def evaluate_link_prediction(emb, src: np.ndarray, dst: np.ndarray, *, dim: int 
     src, dst = np.asarray(src, dtype=np.int64), np.asarray(dst, dtype=np.int64)
     if len(src) == 0:
         raise OutcoreError("no held-out edges to evaluate")
+    _check_negs(batch_negs, uniform_negs)
     N = emb.num_nodes if hasattr(emb, "num_nodes") else emb.shape[0]
     W = emb.width if hasattr(emb, "width") else emb.shape[1]
     d = W // 2 if directed else W
@@ -57,9 +64,12 @@ def evaluate_link_prediction(emb, src: np.ndarray, dst: np.ndarray, *, dim: int 
     if max_edges is not None and len(src) > max_edges:
         pick = rng.choice(len(src), max_edges, replace=False)
         src, dst = src[pick], dst[pick]
+    dev = torch.device(device)
+    if N <= uniform_negs:
+        r = _exact_ranks(emb, src, dst, N, W, d, score, batch_negs, dev)
+        return _metrics(r, len(src))
     ranks = []
     C = batch_negs
-    dev = torch.device(device)
     for lo in range(0, len(src), C * 64):          # 64 chunks at a time
         s, t = src[lo:lo + C * 64], dst[lo:lo + C * 64]
         for clo in range(0, len(s), C):
@@ -81,10 +91,47 @@ def evaluate_link_prediction(emb, src: np.ndarray, dst: np.ndarray, *, dim: int 
                 su = anchor @ negs_unif.T
                 r = 1 + (sb >= pos[:, None]).sum(1) + (su >= pos[:, None]).sum(1)
                 ranks.append(r.cpu())
-    r = torch.cat(ranks).double()
+    return _metrics(torch.cat(ranks), len(src))
+
+
+def _is_count(v, least: int) -> bool:
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool) and v >= least
+
+
+def _check_negs(batch_negs, uniform_negs) -> None:
+    if not _is_count(batch_negs, 1):
+        raise OutcoreError(f"batch_negs={batch_negs!r} must be an integer >= 1 (edges ranked "
+                           "together; the CLI's --eval-negatives)")
+    if not _is_count(uniform_negs, 0):
+        raise OutcoreError(f"uniform_negs={uniform_negs!r} must be an integer >= 0 (the CLI's "
+                           "--eval-negatives)")
+
+
+def _metrics(r: torch.Tensor, count: int) -> dict:
+    """ranks (both corruptions of every edge) -> the metrics."""
+    r = r.double()
     return {"mrr": float((1.0 / r).mean()), "hits10": float((r <= 10).double().mean()),
             "hits1": float((r <= 1).double().mean()), "mean_rank": float(r.mean()),
-            "count": int(len(src))}
+            "count": int(count)}
+
+
+def _exact_ranks(emb, src, dst, N, W, d, score, chunk, dev) -> torch.Tensor:
+    """A small graph (N <= uniform_negs): each edge's target ranked against every other
+    node's target vector, its source against every other node's source vector."""
+    every = _rows(emb, np.arange(N), dev)
+    S, T = every[:, :d], every[:, W - d:]
+    if score == "cosine":
+        S, T = F.normalize(S, dim=-1), F.normalize(T, dim=-1)
+    ranks = []
+    for lo in range(0, len(src), chunk):
+        cs = torch.from_numpy(src[lo:lo + chunk]).to(dev)
+        ct = torch.from_numpy(dst[lo:lo + chunk]).to(dev)
+        A, Bt = S[cs], T[ct]
+        pos = (A * Bt).sum(1)
+        for anchor, cands, true in ((A, T, ct), (Bt, S, cs)):
+            sc = (anchor @ cands.T).scatter_(1, true[:, None], float("-inf"))
+            ranks.append((1 + (sc >= pos[:, None]).sum(1)).cpu())
+    return torch.cat(ranks)
 
 
 def f1_scores(y_true: np.ndarray, y_pred: np.ndarray, num_classes: int) -> tuple[float, float]:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import OutcoreError
-from .textio import _SEP, format_int_columns, parse_string_chunk
+from .textio import format_int_columns, parse_string_chunk, sniff
 from .textread import read_numeric
 
 
@@ -42,43 +42,7 @@ class EdgeList:
                 + np.bincount(self.dst, minlength=self.num_nodes)).astype(np.int64)
 
 
-def _is_int(tok: bytes) -> bool:
-    return tok.lstrip(b"-").isdigit()
-
-
-def _sniff(path: str, header: bool | None, string_ids: bool | None):
-    """First lines -> (data offset in bytes, line number of first data line, ncols,
-    header_present, string_ids)."""
-    with open(path, "rb") as f:
-        head = f.read(1 << 16)
-    lines = head.split(b"\n")
-    offset, lineno, i = 0, 1, 0
-    while i < len(lines) and (lines[i].lstrip().startswith((b"#", b"%"))
-                              or not lines[i].strip()):
-        offset += len(lines[i]) + 1
-        lineno += 1
-        i += 1
-    if i >= len(lines) or not lines[i].strip():
-        raise OutcoreError(f"{path} has no edges: write one 'source target [weight]' per line")
-    first = lines[i].translate(_SEP).split()
-    nxt = lines[i + 1].translate(_SEP).split() if i + 1 < len(lines) else []
-    first_numeric = len(first) >= 2 and _is_int(first[0]) and _is_int(first[1])
-    if header is None:
-        header = (not first_numeric) and len(nxt) >= 2 and _is_int(nxt[0]) and _is_int(nxt[1])
-    if header:
-        offset += len(lines[i]) + 1
-        lineno += 1
-        i += 1
-        first = nxt
-        first_numeric = len(first) >= 2 and _is_int(first[0]) and _is_int(first[1])
-        if not first:
-            raise OutcoreError(f"{path} has a header but no edges")
-    if len(first) not in (2, 3):
-        raise OutcoreError(f"{path}, line {lineno}: found {len(first)} columns; an edge list "
-                           "has 2 (source target) or 3 (source target weight)")
-    if string_ids is None:
-        string_ids = not first_numeric
-    return offset, lineno, len(first), bool(header), bool(string_ids)
+_FLOAT_EXACT = 2**53         # ids read beside a weight are float64: exact below this
 
 
 def _chunks(path: str, offset: int, lineno: int, chunk_bytes: int):
@@ -113,8 +77,11 @@ def read_edges(path: str, *, header: bool | None = None, string_ids: bool | None
     """
     if self_loops not in ("drop", "keep", "error"):
         raise OutcoreError(f"self_loops={self_loops!r} must be 'drop', 'keep' or 'error'")
-    if not os.path.isfile(path):
-        raise OutcoreError(f"edge file {path!r} does not exist")
+    if num_nodes is not None and (isinstance(num_nodes, bool) or int(num_nodes) != num_nodes
+                                  or num_nodes < 1):
+        raise OutcoreError(f"num_nodes={num_nodes!r} must be a positive integer (ids are "
+                           "0..num_nodes-1), or leave it out to take the largest id + 1")
+    _check_file(path)
     if os.path.getsize(path) == 0:
         raise OutcoreError(f"{path} is empty: write one 'source target [weight]' per line")
     if path.endswith(".npy"):
@@ -157,6 +124,18 @@ def read_edges(path: str, *, header: bool | None = None, string_ids: bool | None
     idt = np.int32 if num_nodes < 2**31 else np.int64
     return EdgeList(src.astype(idt, copy=False), dst.astype(idt, copy=False), num_nodes,
                     w, names, stats)
+
+
+def _check_file(path: str) -> None:
+    """A one-line error unless `path` is a regular file."""
+    if os.path.isdir(path):
+        raise OutcoreError(f"edge file {path!r} is a directory: pass the edge list file "
+                           "inside it")
+    if not os.path.exists(path):
+        raise OutcoreError(f"edge file {path!r} does not exist")
+    if not os.path.isfile(path):
+        raise OutcoreError(f"edge file {path!r} is not a regular file (a device or a pipe): "
+                           "write the edges to a file first")
 
 
 def _checked_weights(w: np.ndarray, where) -> np.ndarray:
@@ -205,7 +184,7 @@ def _read_npy(path):
 
 
 def _read_text(path, header, string_ids, threads, chunk_bytes):
-    offset, lineno, ncols, has_header, string_ids = _sniff(path, header, string_ids)
+    offset, lineno, ncols, has_header, string_ids = sniff(path, header, string_ids)
     weighted = ncols == 3
     stats = {"header": has_header, "string_ids": string_ids, "weighted": weighted}
     parts, where_parts = [], []          # per chunk: values, (first line, line numbers)
@@ -233,6 +212,10 @@ def _read_text(path, header, string_ids, threads, chunk_bytes):
         bad = np.flatnonzero((src != np.floor(src)) | (dst != np.floor(dst)))
         if bad.size:
             raise OutcoreError(f"{where(int(bad[0]))}: node ids must be integers")
+        big = np.flatnonzero((np.abs(src) >= _FLOAT_EXACT) | (np.abs(dst) >= _FLOAT_EXACT))
+        if big.size:
+            raise OutcoreError(f"{where(int(big[0]))}: node id too large to read exactly beside "
+                               f"a weight column (below 2**53 there): renumber the nodes 0..N-1")
         w = cols[2]
         src, dst = src.astype(np.int64), dst.astype(np.int64)
     return src, dst, w, names, where, stats

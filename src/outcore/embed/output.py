@@ -115,6 +115,8 @@ def save_embeddings(table: EmbeddingTable, path: str, fmt: str | None = None,
         # every file is complete before the first rename
         for tmp, target in zip(temps, targets):
             os.replace(tmp, target)
+        if names is None and os.path.exists(path + ".ids.tsv"):
+            os.remove(path + ".ids.tsv")    # a string-id run's mapping: eval would use it
     finally:
         for tmp in temps:
             if os.path.exists(tmp):

@@ -40,6 +40,8 @@ def resolve_devices(devices) -> list[torch.device]:
             dev = torch.device(d)
         except RuntimeError:
             raise OutcoreError(f"device {d!r} is not a torch device: write cpu or cuda:N") from None
+        if dev.type not in ("cpu", "cuda"):
+            raise OutcoreError(f"device {d!r} is not supported: write cpu or cuda:N")
         if dev.type == "cuda":
             if not torch.cuda.is_available():
                 raise OutcoreError(f"device {d} asked for but CUDA is not available: use cpu")
@@ -59,11 +61,36 @@ def as_edgelist(edges, num_nodes=None) -> EdgeList:
             raise OutcoreError("edges must be (src, dst) 1-d arrays of equal length")
         if len(src) == 0:
             raise OutcoreError("no edges to train on")
-        n = int(max(src.max(), dst.max())) + 1 if num_nodes is None else num_nodes
+        if not all(np.issubdtype(x.dtype, np.integer) for x in (src, dst)):
+            raise OutcoreError(f"edges must hold integer node ids, not {src.dtype} and "
+                               f"{dst.dtype}: cast them with .astype(np.int64), or read string "
+                               "ids with read_edges")
+        if num_nodes is not None and (isinstance(num_nodes, bool) or int(num_nodes) != num_nodes
+                                      or num_nodes < 1):
+            raise OutcoreError(f"num_nodes={num_nodes!r} must be a positive integer (ids are "
+                               "0..num_nodes-1), or leave it out to take the largest id + 1")
+        n = int(max(src.max(), dst.max())) + 1 if num_nodes is None else int(num_nodes)
         if min(src.min(), dst.min()) < 0 or max(src.max(), dst.max()) >= n:
             raise OutcoreError(f"node ids must lie in 0..{n - 1}")
         return EdgeList(src, dst, n)
     raise TypeError("edges must be an EdgeList (see read_edges) or a (src, dst) pair of arrays")
+
+
+# Host bytes a node costs whatever the table's storage: its degree and its entry in the
+# negative-sampling table (int64 and float64, besides the bincounts' temporaries)
+NODE_HOST_BYTES = 16
+
+
+def check_node_count(num_nodes: int) -> None:
+    """A one-line error when ids run so high that the per-node host arrays alone exceed
+    this machine's memory (a typo'd or hashed id, not a graph): before any allocation."""
+    phys = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    need = num_nodes * NODE_HOST_BYTES
+    if need > phys:
+        raise OutcoreError(f"node ids up to {num_nodes - 1:,} make a table of {num_nodes:,} "
+                           f"rows, whose per-node host arrays alone need {fmt_bytes(need)} "
+                           f"(this machine has {fmt_bytes(phys)}): renumber the nodes 0..N-1 "
+                           "without large gaps")
 
 
 class EmbeddingTrainer:
@@ -99,6 +126,7 @@ class EmbeddingTrainer:
     def fit(self, edges, num_nodes: int | None = None) -> EmbeddingTable:
         """Train for cfg.epochs; returns the host table (also kept as self.table)."""
         el = as_edgelist(edges, num_nodes)
+        check_node_count(el.num_nodes)
         self.names = el.names
         self.cfg = cfg = self.cfg.resolved(len(el))
         from .dist import spawn_fit, torchrun_fit, under_torchrun

@@ -11,12 +11,15 @@ forward and backward to GEMM):
               dW = dy.T @ x          (TN)
               db = dy.sum(0)         (on the host)
 Inputs, outputs and gradients are CPU tensors; the weight is page-locked once (pin=True,
-with CUDA) so its blocks are copied by DMA directly.
+with CUDA) so its blocks are copied by DMA directly. The products record no autograd
+graph: differentiating a gradient taken through the layer with create_graph=True raises
+(torch.nn.Linear for higher-order gradients).
 """
 
 from __future__ import annotations
 
 import math
+import numbers
 import weakref
 from dataclasses import dataclass
 
@@ -41,6 +44,35 @@ class GemmOptions:
                 "compute": self.compute}
 
 
+class _NoDoubleBackward(torch.autograd.Function):
+    """Gradients taken with create_graph=True: the same values, whose own backward raises
+    (the out-of-core products record no graph, so a second derivative through them would
+    silently come out as zero)."""
+
+    @staticmethod
+    def forward(ctx, *grads):
+        return tuple(g.detach() for g in grads)
+
+    @staticmethod
+    def backward(ctx, *_):
+        raise OutcoreError("outcore.gemm.Linear has no double backward (a gradient taken "
+                           "through it with create_graph=True was differentiated again): "
+                           "use torch.nn.Linear for higher-order gradients")
+
+
+def _refuse_second_order(grads, depends):
+    """grads, with those that depend on a tensor requiring grad (depends[i]) marked so that
+    differentiating them raises; unchanged outside create_graph=True."""
+    marked = [i for i, g in enumerate(grads) if g is not None and depends[i]]
+    if not torch.is_grad_enabled() or not marked:
+        return grads
+    fake = [grads[i].detach().requires_grad_() for i in marked]
+    out = list(grads)
+    for i, g in zip(marked, _NoDoubleBackward.apply(*fake)):
+        out[i] = g
+    return tuple(out)
+
+
 class _LinearFn(torch.autograd.Function):
     """x: B x in, weight: out x in, bias: out (or None) -> B x out; see the module doc."""
 
@@ -60,7 +92,11 @@ class _LinearFn(torch.autograd.Function):
         dx = matmul(dy, weight, **kw) if ctx.needs_input_grad[0] else None
         dw = matmul(dy, x, transa=True, **kw) if ctx.needs_input_grad[1] else None
         db = dy.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
-        return dx, dw, db, None
+        # under create_graph=True: dx depends on dy and W, dW on dy and x, db on dy
+        grads = _refuse_second_order((dx, dw, db), (dy.requires_grad or weight.requires_grad,
+                                                    dy.requires_grad or x.requires_grad,
+                                                    dy.requires_grad))
+        return (*grads, None)
 
 
 class Linear(nn.Module):
@@ -74,13 +110,17 @@ class Linear(nn.Module):
                  dtype: torch.dtype = torch.float32, devices=None, gpu_memory=None, tile=None,
                  compute: str | None = None, pin: bool = True):
         super().__init__()
+        if not all(isinstance(v, numbers.Integral) and not isinstance(v, bool)
+                   for v in (in_features, out_features)):
+            raise TypeError(f"Linear({in_features!r}, {out_features!r}): in_features and "
+                            "out_features must be integers")
         if dtype not in (torch.float32, torch.float64, torch.bfloat16):
             raise TypeError(f"dtype={dtype} is not supported: use torch.float32, torch.float64 "
                             "or torch.bfloat16")
         if in_features <= 0 or out_features <= 0:
             raise OutcoreError(f"Linear({in_features}, {out_features}): both sizes must be "
                                "positive")
-        self.in_features, self.out_features = in_features, out_features
+        self.in_features, self.out_features = int(in_features), int(out_features)
         self.weight = nn.Parameter(torch.empty(out_features, in_features, dtype=dtype))
         if bias:
             self.bias = nn.Parameter(torch.empty(out_features, dtype=dtype))
@@ -107,6 +147,10 @@ class Linear(nn.Module):
         if not isinstance(x, torch.Tensor) or x.device.type != "cpu":
             raise TypeError("outcore.gemm.Linear takes CPU tensors (its weight lives in host "
                             f"memory); got {getattr(x, 'device', type(x).__name__)}: pass x.cpu()")
+        self._check_weight()
+        if x.ndim == 0:
+            raise OutcoreError(f"x is a 0-d tensor: the layer takes x of at least 1-d with "
+                               f"{self.in_features} features in its last dimension")
         if x.shape[-1] != self.in_features:
             raise OutcoreError(f"x has {x.shape[-1]} features in its last dimension but the layer "
                                f"takes {self.in_features}: reshape x or build the layer for it")
@@ -116,6 +160,21 @@ class Linear(nn.Module):
         lead = x.shape[:-1]
         y = _LinearFn.apply(x.reshape(-1, self.in_features), self.weight, self.bias, self.opts)
         return y.reshape(*lead, self.out_features)
+
+    def _check_weight(self) -> None:
+        """The parameters must stay host tensors of a dtype matmul takes (.cuda(), .to() or
+        .half() on the module move or cast them)."""
+        for name, p in (("weight", self.weight), ("bias", self.bias)):
+            if p is None:
+                continue
+            if p.device.type != "cpu":
+                raise TypeError(f"the layer's {name} is on {p.device} (moved by .to() or "
+                                ".cuda()?): outcore.gemm.Linear keeps its parameters in host "
+                                "memory and feeds the GPU itself; call layer.cpu()")
+            if p.dtype not in (torch.float32, torch.float64, torch.bfloat16):
+                raise TypeError(f"the layer's {name} is {p.dtype} (cast by .to() or .half()?): "
+                                "use torch.float32, torch.float64 or torch.bfloat16, e.g. "
+                                "layer.float()")
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
