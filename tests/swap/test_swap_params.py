@@ -108,3 +108,14 @@ def test_optimizer_step_brings_parameters_back_after_a_forward_without_backward(
         assert all(_resident(p) for p in model.parameters())
     from torch.optim.optimizer import _global_optimizer_pre_hooks
     assert not _global_optimizer_pre_hooks             # removed on exit
+
+
+def test_state_dict_after_a_forward_without_backward_holds_the_weights():
+    model = tiny_cnn()
+    want = {k: v.clone() for k, v in model.state_dict().items()}
+    with outcore.swap(model, **FORCE):
+        loss_of(model, *batch(4))                       # graph built, no backward
+        assert not all(_resident(p) for p in model.parameters())
+        got = model.state_dict()                        # the pre-hook restores them first
+        assert all(torch.equal(want[k], v) for k, v in got.items()
+                   if not k.endswith(("running_mean", "running_var", "num_batches_tracked")))

@@ -11,7 +11,8 @@ When parameters live where, for each managed parameter p (one that owns its whol
                   backward runs (earlier modules prefetched); p then stays, so its .grad
                   lands on the device next to it. A final callback fetches whatever
                   backward did not use, so after .backward() every p is on the device;
-                  so does any optimizer's step (a global step pre-hook, while swapping).
+                  so does any optimizer's step (a global step pre-hook, while swapping)
+                  and the model's state_dict().
 A parameter used outside the forward of the module that owns it is not supported.
 """
 
@@ -60,6 +61,7 @@ class ParamSwapper:
     def __init__(self, model: nn.Module, store: HostStore, report: SwapReport,
                  clock: CopyClock, window: int, force_copy: bool):
         self.store, self.report, self.clock, self.window = store, report, clock, window
+        self.model = model
         self.units: list[list[_Slot]] = []
         self.modules: list[nn.Module] = []
         self.slots: dict[int, _Slot] = {}
@@ -98,6 +100,10 @@ class ParamSwapper:
         # Any optimizer's step first brings every parameter back (a forward without its
         # backward leaves them in host memory until then).
         handles = [register_optimizer_step_pre_hook(lambda opt, a, kw: self.restore())]
+        # So does the model's state_dict (a checkpoint or an eval after a forward whose
+        # graph was dropped would read freed storage).
+        handles.append(self.model.register_state_dict_pre_hook(
+            lambda mod, prefix, keep_vars: self.restore()))
         for u, mod in enumerate(self.modules):
             handles.append(mod.register_forward_pre_hook(lambda m, a, u=u: self._pre(u)))
             handles.append(mod.register_forward_hook(lambda m, a, o, u=u: self._post(u, o),
