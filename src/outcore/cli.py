@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from .errors import OutcoreError
@@ -114,6 +115,11 @@ class _OneLineParser(argparse.ArgumentParser):
     """Usage mistakes as one line on stderr (exit 2), pointing at --help."""
 
     def error(self, message: str):
+        if message.endswith("expected one argument"):
+            # "--gpu-memory -1GiB": argparse takes a value starting with '-' for a flag
+            flag = message.split()[1].rstrip(":").split("/")[0]
+            message += (f" (give it a value; one that starts with '-' goes as "
+                        f"{flag}=VALUE)")
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
@@ -144,7 +150,14 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        return int(args.func(args) or 0)
+        rc = int(args.func(args) or 0)
+        sys.stdout.flush()   # here, where a closed pipe is caught, not at the exit
+        return rc
+    except BrokenPipeError:
+        # the reader went away (`outcore plan ... | head -1`): stop quietly, as `cat` does;
+        # stdout on /dev/null so the exit's flush meets no closed pipe again
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + 13   # the shell's code for SIGPIPE
     except OutcoreError as e:
         _say(f"outcore: error: {e}")
         return 2

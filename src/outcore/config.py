@@ -61,9 +61,22 @@ class TrainConfig:
                 raise OutcoreError(f"{name}={getattr(self, name)} must be >= 1")
         if self.micro_batch_size is not None and self.micro_batch_size < 1:
             raise OutcoreError(f"micro_batch_size={self.micro_batch_size} must be >= 1")
-        for name in ("save_every", "keep_last", "warmup_steps"):
+        if self.max_data_bytes < 1:
+            raise OutcoreError(f"max_data_bytes={self.max_data_bytes} must be >= 1")
+        for name in ("save_every", "keep_last", "warmup_steps", "generate_tokens"):
             if getattr(self, name) < 0:
                 raise OutcoreError(f"{name}={getattr(self, name)} must be >= 0")
+        for name, fix in (("model", "pass a reference size or a checkpoint directory"),
+                          ("data", "pass a file or folder, or leave it out for the built-in "
+                           "corpus"), ("output_dir", "pass a directory")):
+            v = getattr(self, name)
+            if isinstance(v, str) and not v.strip():
+                raise OutcoreError(f"{name}={v!r} is empty: {fix}")
+        # torch.manual_seed takes 64 bits (negative ones as their two's complement)
+        if not -(1 << 63) <= self.seed < (1 << 64):
+            raise OutcoreError(f"seed={self.seed} does not fit in 64 bits: pass a seed in "
+                               f"0..{(1 << 63) - 1}")
+        check_budget(self.gpu_memory, "gpu_memory")   # a one-line error now, not at Engine()
         # NaN compares false both ways, so each test below also refuses it
         if not 0 < self.lr < math.inf:
             raise OutcoreError(f"lr={self.lr} must be a finite number > 0")
@@ -75,7 +88,10 @@ class TrainConfig:
         if self.max_grad_norm is not None and not self.max_grad_norm < math.inf:
             raise OutcoreError(f"max_grad_norm={self.max_grad_norm} must be a finite number "
                                "(0: no clipping)")
-        if self.max_grad_norm is not None and self.max_grad_norm <= 0:
+        if self.max_grad_norm is not None and self.max_grad_norm < 0:
+            raise OutcoreError(f"max_grad_norm={self.max_grad_norm} must be >= 0 (0: no "
+                               "clipping)")
+        if self.max_grad_norm == 0:
             self.max_grad_norm = None  # --max-grad-norm 0: no clipping
         if isinstance(self.host_weight_copy, bool):   # TrainConfig(...) built in code
             self.host_weight_copy = "cast" if self.host_weight_copy else "off"
@@ -113,6 +129,21 @@ def check_held(v, held: bool) -> str:
     return v
 
 
+def check_budget(value, what: str) -> int | None:
+    """A memory budget ("24GiB", a byte count) in bytes, None for None. A number without a
+    unit below 1 MiB is refused: "24" is 24 bytes, which no model fits, and was surely meant
+    as 24 GiB."""
+    from .units import parse_bytes
+    n = parse_bytes(value, what)
+    text = str(value).strip()
+    if n is not None and n < (1 << 20) and not isinstance(value, bool) and \
+            text.replace(".", "", 1).isdigit():
+        raise OutcoreError(f"{what}={text} is {n} bytes, too small for any model: write the "
+                           f"unit, e.g. {text}GiB or {text}GB (a plain byte count must be "
+                           "1 MiB or more)")
+    return n
+
+
 def held_option(v: str) -> int | str:
     """TrainConfig.held_gpu_updates as Engine(held_gpu_updates=...) takes it."""
     return 0 if v == "off" else v if v == "auto" else int(v)
@@ -120,6 +151,10 @@ def held_option(v: str) -> int | str:
 
 # --host-weight-copy's values: Engine(host_weight_copy=...)'s, by name
 COPY_MODES = {"auto": "auto", "fused": "fused", "cast": True, "device": "device", "off": False}
+
+
+# `train` options that are not TrainConfig keys: how the process is started
+CLI_ONLY = {"nproc": "--nproc N", "config": "--config FILE"}
 
 
 def config_keys() -> list[str]:
@@ -141,18 +176,36 @@ def load_toml(path: str | Path) -> dict:
         raise OutcoreError(f"--config {path} is not UTF-8 text: save it as UTF-8 TOML") \
             from None
     except tomllib.TOMLDecodeError as e:
-        raise OutcoreError(f"--config {path}: not valid TOML ({e})") from None
+        text = p.read_text(encoding="utf-8", errors="replace").lstrip()
+        hint = (": the file must be TOML, not JSON: write key = value lines under [train], "
+                "e.g. lr = 0.001" if p.suffix.lower() == ".json" or text.startswith("{")
+                else "")
+        raise OutcoreError(f"--config {path}: not valid TOML ({e}){hint}") from None
     table = data.get("train", data)
     if not isinstance(table, dict):
         raise OutcoreError(f"--config {path}: 'train' must be a table ([train] with "
                            f"key = value lines), got {table!r}")
+    if "train" in data:   # anything beside [train] would be dropped without a word
+        for k in data:
+            if k != "train":
+                raise OutcoreError(f"--config {path}: {k!r} is outside the [train] table, "
+                                   "where outcore does not read it: move it under [train] "
+                                   "(a key above [train] belongs to no table)")
     keys = config_keys()
+    seen = {}
     for k in table:
         norm = k.replace("-", "_")
+        if norm in CLI_ONLY:
+            raise OutcoreError(f"--config {path}: {k!r} is a command-line option only: pass "
+                               f"{CLI_ONLY[norm]} and leave it out of the file")
         if norm not in keys:
             close = difflib.get_close_matches(norm, keys, n=1)
             hint = f"; did you mean {close[0]!r}?" if close else f"; valid keys: {', '.join(keys)}"
             raise OutcoreError(f"unknown config key {k!r} in {path}{hint}")
+        if norm in seen:
+            raise OutcoreError(f"--config {path}: {seen[norm]!r} and {k!r} are the same key "
+                               "given twice: keep one")
+        seen[norm] = k
     return {k.replace("-", "_"): v for k, v in table.items()}
 
 
@@ -166,6 +219,8 @@ def build(file_values: dict, flag_values: dict) -> TrainConfig:
             raise OutcoreError(f"unknown config key {k!r}")
         if k == "betas":
             v = check_betas(v)
+        if k == "held_gpu_updates" and isinstance(v, int) and not isinstance(v, bool):
+            v = str(v)   # `held_gpu_updates = 4` in a file, as --held-gpu-updates 4
         setattr(cfg, k, _check_type(k, types[k], v))
     return dataclasses.replace(cfg).validate()
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from .errors import OutcoreError
-from .units import parse_bytes
 
 
 def register(sub) -> None:
@@ -48,12 +47,19 @@ def _run(args) -> int:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     from .stream.validate import resolve_device
     resolve_device(device)   # a one-line error for a device that is not here
-    gpu = parse_bytes(args.gpu_memory, "--gpu-memory")
+    from .config import check_budget, check_held, held_option
+    gpu = check_budget(args.gpu_memory, "--gpu-memory")
     if gpu is None and device.startswith("cuda"):
         gpu = torch.cuda.get_device_properties(device).total_memory
-    host = parse_bytes(args.host_memory, "--host-memory") or host_available()
-    from .config import check_held, held_option
+    host = check_budget(args.host_memory, "--host-memory") or host_available()
+    if args.no_clip and check_held(args.held_gpu_updates, True) != "off":
+        raise OutcoreError("--held-gpu-updates needs clipping (held updates): leave out "
+                           "--no-clip, or --held-gpu-updates (without clipping the engine "
+                           "already updates a measured share of blocks on the GPU)")
     held = held_option(check_held(args.held_gpu_updates, not args.no_clip))
+    if args.host_weight_copy == "on" and args.compute_dtype != "bfloat16":
+        raise OutcoreError("--host-weight-copy on keeps 16-bit copies for a 16-bit compute: "
+                           "pass --compute-dtype bfloat16, or leave --host-weight-copy out")
     shape = model_shape(args.model)
     dtype = getattr(torch, args.compute_dtype)
     calib = None if args.no_calibrate else calibrate(device, dtype)
@@ -80,7 +86,7 @@ def _run(args) -> int:
               + (f" ({calib.adamw_loaded / 1e9:.2f} under copies both ways)"
                  if calib.adamw_loaded else ""))
     print("\n".join(plan.lines()))
-    why = plan.refusal()
+    why = plan.refusal(micro_flag="--micro-tokens", tokens_flag="--tokens-per-step")
     if why:
         print(f"why: {why}")
     return 0 if plan.fits else 1

@@ -79,7 +79,7 @@ def device_groups_room(plan) -> tuple[bool, bool]:
     beside the plan's slots and working set (DeviceUpdater.affordable's rule)."""
     if plan.gpu_limit is None:
         return True, True
-    room = int(plan.gpu_limit * 0.92) - plan.device_bytes
+    room = plan.usable_gpu_bytes - plan.device_bytes
     s = plan.shape
     rest = 8 * s.rest_params <= room
     room -= 8 * s.rest_params if rest else 0

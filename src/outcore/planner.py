@@ -20,6 +20,8 @@ import torch
 from .errors import OutcoreError
 from .units import fmt_bytes
 
+USABLE_GPU_SHARE = 0.92   # of a GPU budget, as the engine fills it (stream/accounting.py)
+
 
 @dataclass
 class ModelShape:
@@ -49,13 +51,34 @@ def model_shape(model: str) -> ModelShape:
         dim = getattr(c, "hidden_size", None) or getattr(c, "n_embd", 0)
         vocab = c.vocab_size
     else:
-        raise OutcoreError(f"--model {model!r} is neither a reference size "
-                           f"({', '.join(SIZES)}) nor a Hugging Face checkpoint directory")
+        raise unknown_model(model)
     path, container = find_blocks(m, None)
     groups = build_groups(m, path, container)
     numels = [g.numel for g in groups]
     return ModelShape(Path(model).name if is_hf_dir(model) else model, sum(numels),
                       max(numels[1:], default=0), numels[0], len(numels) - 1, dim, vocab)
+
+
+def unknown_model(model: str) -> OutcoreError:
+    """The one-line error for a --model that is neither a reference size nor a Hugging Face
+    checkpoint directory: what is wrong with it and what to pass instead."""
+    import difflib
+    import os
+
+    from .models import SIZES
+    sizes = ", ".join(SIZES)
+    p = Path(model).expanduser()
+    if p.exists() or os.sep in model or model.startswith((".", "~")):
+        what = ("no such directory" if not p.exists() else "a file, not a directory"
+                if not p.is_dir() else "has no config.json")
+        return OutcoreError(f"--model {model!r}: {what}: pass a Hugging Face checkpoint "
+                            f"directory (config.json, safetensors shards, tokenizer files) or "
+                            f"a reference size ({sizes})")
+    close = [s for s in SIZES if s == model.lower()] or \
+        difflib.get_close_matches(model.lower(), list(SIZES), n=1)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    return OutcoreError(f"--model {model!r} is neither a reference size nor a Hugging Face "
+                        f"checkpoint directory: {hint}pass one of {sizes}, or a directory")
 
 
 @dataclass
@@ -185,13 +208,27 @@ class Plan:
         return self.device_fixed_bytes + self.device_work_bytes
 
     @property
+    def spill_bytes(self) -> int:
+        """Activation checkpoints the device budget cannot hold: they go to host memory."""
+        return max(0, self.checkpoint_bytes - self._device_room())
+
+    @property
+    def host_need_bytes(self) -> int:
+        return self.host_state_bytes + self.spill_bytes
+
+    @property
     def fits_host(self) -> bool:
-        spill = max(0, self.checkpoint_bytes - self._device_room())
-        return self.host_limit is None or self.host_state_bytes + spill <= self.host_limit
+        return self.host_limit is None or self.host_need_bytes <= self.host_limit
+
+    @property
+    def usable_gpu_bytes(self) -> int | None:
+        """The share of the budget the engine plans to fill (stream/accounting.py: 8% is
+        left to the allocator's rounding and fragmentation)."""
+        return None if self.gpu_limit is None else int(self.gpu_limit * USABLE_GPU_SHARE)
 
     @property
     def fits_device(self) -> bool:
-        return self.gpu_limit is None or self.device_bytes <= int(self.gpu_limit * 0.92)
+        return self.gpu_limit is None or self.device_bytes <= self.usable_gpu_bytes
 
     @property
     def fits(self) -> bool:
@@ -200,22 +237,37 @@ class Plan:
     def _device_room(self) -> int:
         if self.gpu_limit is None:
             return 0
-        return max(0, int(self.gpu_limit * 0.92) - self.device_bytes)
+        return max(0, self.usable_gpu_bytes - self.device_bytes)
 
-    def refusal(self) -> str | None:
-        """One line with the numbers when it cannot fit, else None."""
+    def refusal(self, micro_flag: str = "--micro-batch-size",
+                tokens_flag: str = "--batch-size or --seq-len") -> str | None:
+        """One line with the numbers when it cannot fit, else None. micro_flag, tokens_flag:
+        the options that set the micro-batch and the step's tokens (`train`'s by default;
+        `outcore plan` passes its own)."""
         s = self.shape
         if not self.fits_host:
-            return (f"{s.name} ({s.params / 1e9:.2f}B params) needs {fmt_bytes(self.host_state_bytes)} "
-                    f"of host memory ({self.host_bytes_per_param} B/param) but "
-                    f"{fmt_bytes(self.host_limit)} is available: use a smaller model or "
-                    "more host memory")
+            state = (f"{s.name} ({s.params / 1e9:.2f}B params) needs "
+                     f"{fmt_bytes(self.host_state_bytes)} of host memory "
+                     f"({self.host_bytes_per_param} B/param)")
+            if not self.spill_bytes:
+                return (f"{state} but {fmt_bytes(self.host_limit)} is available: use a "
+                        "smaller model or more host memory")
+            where = "the GPU budget cannot hold" if self.gpu_limit else "kept in host memory"
+            gpu = ", raise --gpu-memory" if self.gpu_limit else ""
+            fix = (f"lower {tokens_flag} (fewer checkpoints){gpu} or use more host memory"
+                   if self.host_state_bytes <= self.host_limit else
+                   "use a smaller model or more host memory")
+            return (f"{state} and {fmt_bytes(self.spill_bytes)} more for the activation "
+                    f"checkpoints {where} ({fmt_bytes(self.host_need_bytes)} in all) but "
+                    f"{fmt_bytes(self.host_limit)} is available: {fix}")
         if not self.fits_device:
             return (f"{s.name} needs {fmt_bytes(self.device_bytes)} on the GPU "
                     f"({fmt_bytes(self.device_fixed_bytes)} blocks in flight + resident, "
                     f"{fmt_bytes(self.device_work_bytes)} for a micro-batch of "
-                    f"{self.micro_tokens} tokens) but the budget is "
-                    f"{fmt_bytes(self.gpu_limit)}: lower --micro-batch-size or raise --gpu-memory")
+                    f"{self.micro_tokens} tokens) but the engine fills "
+                    f"{USABLE_GPU_SHARE:.0%} of the {fmt_bytes(self.gpu_limit)} budget "
+                    f"({fmt_bytes(self.usable_gpu_bytes)}; the rest is the allocator's): "
+                    f"lower {micro_flag} or raise --gpu-memory")
         return None
 
     def _step_line(self) -> str:
@@ -243,10 +295,14 @@ class Plan:
         dev = "fits" if self.fits_device else "DOES NOT FIT"
         host = "fits" if self.fits_host else "DOES NOT FIT"
         on_dev = min(self.checkpoint_bytes, self._device_room()) if self.gpu_limit else 0
+        if s.params < 1e6:   # whole counts: rounded to 0.1M the sum on the line was off
+            counts = (f"{s.params:,} params = {s.layers} blocks of {s.block_params:,} + "
+                      f"{s.rest_params:,}")
+        else:
+            counts = (f"{s.params / 1e6:,.1f}M params = {s.layers} blocks of "
+                      f"{s.block_params / 1e6:,.2f}M + {s.rest_params / 1e6:,.2f}M")
         out = [
-            f"model {s.name}: {s.params / 1e6:,.1f}M params = {s.layers} blocks of "
-            f"{s.block_params / 1e6:,.2f}M + {s.rest_params / 1e6:,.2f}M resident "
-            f"(embeddings, head)",
+            f"model {s.name}: {counts} resident (embeddings, head)",
             f"host:   {self.host_bytes_per_param} B/param (fp32 master 4 + AdamW m,v 8"
             f"{' + held gradients 4 for clipping' if self.held_grads else ''}"
             f"{' + 16-bit weight copies 2' if self.host_copy else ''})"
@@ -255,10 +311,14 @@ class Plan:
                "the engine stages more where the host has room)"
                if self.staged_grad_bytes else "")
             + f" = {fmt_bytes(self.host_state_bytes)}"
+            + (f" + {fmt_bytes(self.spill_bytes)} of activation checkpoints = "
+               f"{fmt_bytes(self.host_need_bytes)}" if self.spill_bytes else "")
             + (f" of {fmt_bytes(self.host_limit)}: {host}" if self.host_limit else ""),
             f"device: 3 block slots + resident = {fmt_bytes(self.device_fixed_bytes)}, "
             f"micro-batch work ({self.micro_tokens} tokens) ~{fmt_bytes(self.device_work_bytes)}"
-            + (f" of {fmt_bytes(self.gpu_limit)}: {dev}" if self.gpu_limit else ""),
+            + (f" = {fmt_bytes(self.device_bytes)} of {fmt_bytes(self.usable_gpu_bytes)} "
+               f"({USABLE_GPU_SHARE:.0%} of {fmt_bytes(self.gpu_limit)}): {dev}"
+               if self.gpu_limit else ""),
             f"activation checkpoints: {fmt_bytes(self.checkpoint_bytes)} per step "
             f"({fmt_bytes(on_dev)} on the device, the rest in pinned host memory)",
         ]
@@ -297,9 +357,11 @@ def make_plan(shape: ModelShape, *, tokens_per_step: int, micro_tokens: int | No
         # head (the reference decoder computes its loss in 4096-token chunks).
         return int(m * shape.dim * 34 * c / 2) + min(m, 4096) * shape.vocab * 4 * 3
 
-    micro = micro_tokens or tokens_per_step
+    # a micro-batch is a slice of the step: never more tokens than the step has
+    micro = min(micro_tokens or tokens_per_step, tokens_per_step)
     if micro_tokens is None and gpu_limit is not None:
-        while micro > 1024 and fixed + work_bytes(micro) > gpu_limit:
+        usable = int(gpu_limit * USABLE_GPU_SHARE)   # what Plan.fits_device checks
+        while micro > 1024 and fixed + work_bytes(micro) > usable:
             micro = max(1024, micro // 2)
     work = work_bytes(micro)
     ckpt = tokens_per_step * shape.dim * c * shape.layers

@@ -167,6 +167,46 @@ def pick_resume(out_dir: Path, say: Callable[[str], None], distributed: bool) ->
     return ck
 
 
+def check_resume(ck: Path, cfg) -> None:
+    """--resume from ck with cfg (a TrainConfig): before anything large is built, refuse
+    what would not continue the run. The data position is the step count, so the batches
+    must be cut the same way (batch x grad_accum, seq_len) and drawn from the same seed;
+    a reference size must be the one trained. (The data's fingerprint is checked once the
+    data is read; other settings, e.g. --lr or --max-steps, may change on a resume.)"""
+    st = json.loads((ck / "trainer.json").read_text())
+    global_batch = cfg.batch_size * cfg.grad_accum
+    if (st.get("global_batch"), st.get("seq_len")) != (global_batch, cfg.seq_len):
+        raise OutcoreError(f"--resume: {ck} used batch {st.get('global_batch')} x seq "
+                           f"{st.get('seq_len')}; the data position needs the same "
+                           "--batch-size x --grad-accum and --seq-len")
+    if "seed" in st and st["seed"] != cfg.seed:
+        raise OutcoreError(f"--resume: {ck} was trained with --seed {st['seed']}, which orders "
+                           f"its batches; --seed {cfg.seed} would repeat and skip data: pass "
+                           f"--seed {st['seed']} or a new --output-dir")
+    from .models import SIZES
+    was = st.get("model")
+    if isinstance(was, str) and was != cfg.model and (was in SIZES or cfg.model in SIZES):
+        raise OutcoreError(f"--resume: {ck} was trained with --model {was}, not {cfg.model}: "
+                           f"pass --model {was}, or a new --output-dir for another model")
+
+
+def optimizer_changes(ck: Path, cfg) -> list[str]:
+    """The AdamW settings of cfg that differ from checkpoint ck's run, as "name new (the
+    checkpoint's: old)"; on --resume cfg's apply, as flags win everywhere."""
+    try:
+        was = json.loads((ck / "outcore" / "state.json").read_text())["optimizer"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return []   # nothing to compare with: the load says what is wrong
+    out = []
+    for name in ("lr", "weight_decay", "betas", "eps"):
+        new, old = getattr(cfg, name), was.get(name)
+        if name == "betas":
+            new, old = list(new), list(old) if old is not None else None
+        if old is not None and new != old:
+            out.append(f"{name} {new} (the checkpoint's: {old})")
+    return out
+
+
 def checkpoint_format(ck: Path) -> str | None:
     """The engine state's format of a checkpoint that passed problem()."""
     return json.loads((ck / "outcore" / "state.json").read_text()).get("format")
@@ -211,12 +251,23 @@ def newest(out_dir: Path) -> Path | None:
     return found[-1][1] if found else None
 
 
+OLD_RE = re.compile(r"^\.(.+)\.old-\d+$")   # stream/checkpoint.py atomic_dir's old copy
+
+
 def clean_partial(out_dir: Path) -> int:
-    """Remove temporaries left by a crash in the middle of a save; returns how many."""
+    """Remove temporaries left by a crash in the middle of a save; returns how many.
+
+    A save over an existing checkpoint (final/ of a resumed run) moves it to .NAME.old-PID,
+    then the new one in: a crash between the two renames leaves the old copy the only one,
+    so it is moved back to NAME (not removed) when NAME is missing."""
     n = 0
     for parent in (out_dir, out_dir / "checkpoints"):
         if parent.is_dir():
-            for d in parent.iterdir():
+            for d in sorted(parent.iterdir()):
+                m = OLD_RE.match(d.name)
+                if m and not (parent / m.group(1)).exists() and is_complete(d):
+                    os.replace(d, parent / m.group(1))
+                    continue
                 if d.name.startswith(".") and (".tmp-" in d.name or ".old-" in d.name):
                     shutil.rmtree(d, ignore_errors=True)
                     n += 1
@@ -228,9 +279,16 @@ def step_dir(out_dir: Path, step: int) -> Path:
 
 
 def prune(out_dir: Path, keep_last: int) -> None:
-    """Delete all but the newest keep_last periodic checkpoints (0 = keep all)."""
+    """Delete the periodic checkpoints older than the newest keep_last that load (0 = keep
+    all). Damaged ones do not count: after --resume skipped a damaged newest checkpoint,
+    keeping it (by its step) deleted the good ones, the one just written included; damaged
+    ones newer than those kept are left for the run to write over."""
     if keep_last <= 0:
         return
     periodic = [d for _, d in list_checkpoints(out_dir) if d.name != "final"]
-    for d in periodic[:-keep_last]:
+    good = [d for d in periodic if problem(d) is None]
+    if not good:
+        return
+    kept = good[-keep_last:]
+    for d in periodic[:periodic.index(kept[0])]:
         shutil.rmtree(d, ignore_errors=True)

@@ -80,11 +80,12 @@ def check_plan(cfg: TrainConfig, device: str):
             torch.cuda.get_device_properties(device).total_memory
     itemsize = 4 if cfg.compute_dtype in ("float32", "tf32") or not device.startswith("cuda") \
         else 2
-    # clip=True: the trainer holds every gradient until the step's norm is known (to clip,
-    # and to skip a non-finite step whole), so 16 host bytes/param.
+    # clip: the trainer holds every gradient until the step's norm is known (to clip, and
+    # to skip a non-finite step whole): 16 host bytes/param; else 12 and a few staged blocks
     plan = make_plan(shape, tokens_per_step=cfg.batch_size * cfg.grad_accum * cfg.seq_len,
                      micro_tokens=(cfg.micro_batch_size or cfg.batch_size) * cfg.seq_len,
-                     gpu_limit=gpu, host_limit=host_available(), clip=True,
+                     gpu_limit=gpu, host_limit=host_available(),
+                     clip=cfg.max_grad_norm is not None or cfg.skip_nonfinite,
                      compute_itemsize=itemsize,
                      # "auto" takes copies only where the host has room to spare
                      host_copy=cfg.host_weight_copy not in ("auto", "off") and itemsize == 2)
@@ -119,8 +120,8 @@ def build_model(cfg: TrainConfig):
             raise OutcoreError(f"--seq-len {cfg.seq_len} is longer than --model {cfg.model}'s "
                                f"position table ({n_pos}): pass --seq-len {n_pos} or less")
         return model, tok, init
-    raise OutcoreError(f"--model {cfg.model!r} is neither a reference size "
-                       f"({', '.join(SIZES)}) nor a Hugging Face checkpoint directory")
+    from .planner import unknown_model
+    raise unknown_model(cfg.model)
 
 
 def build_data(cfg: TrainConfig, tokenizer, vocab: int | None = None) -> PackedTokens:
@@ -185,16 +186,13 @@ class _Signals:
             signal.signal(s, h)
 
 
-def _resume(cfg, ck: Path, model, data, global_batch: int, kw, say) -> Engine:
+def _resume(cfg, ck: Path, model, data, kw, say) -> Engine:
     st = json.loads((ck / "trainer.json").read_text())
     if st.get("data_fingerprint") != data.fingerprint:
         raise OutcoreError(f"--resume: {ck} was trained on other data (or another tokenizer): "
                            "use the same --data, or a new --output-dir")
-    if (st.get("global_batch"), st.get("seq_len")) != (global_batch, cfg.seq_len):
-        raise OutcoreError(f"--resume: {ck} used batch {st.get('global_batch')} x seq "
-                           f"{st.get('seq_len')}; the data position needs the same "
-                           "--batch-size x --grad-accum and --seq-len")
-    try:
+    changed = runckpt.optimizer_changes(ck, cfg)
+    try:   # kw's optimizer: cfg's AdamW settings, which apply from here as --lr does
         engine = Engine.load(ck / "outcore", model, **kw)
     except OutcoreError:
         raise
@@ -204,6 +202,9 @@ def _resume(cfg, ck: Path, model, data, global_batch: int, kw, say) -> Engine:
         raise OutcoreError(f"--resume: {ck} does not load ({text}): delete it to resume "
                            "from an older checkpoint") from None
     say(f"resumed from {ck} at step {engine.step_count}")
+    if changed:
+        say(f"--resume: {', '.join(changed)}: the new settings apply from step "
+            f"{engine.step_count + 1}")
     return engine
 
 
@@ -223,6 +224,7 @@ def run(cfg: TrainConfig, loss_fn=None, return_model: bool = False) -> dict:
     runckpt.check_output_dir(out_dir, cfg.resume)   # before anything large is built
     ck = runckpt.pick_resume(out_dir, say, _distributed()) if cfg.resume else None
     if ck is not None:
+        runckpt.check_resume(ck, cfg)   # batches, seed, model: before anything is built
         at = json.loads((ck / "trainer.json").read_text())["step"]
         if at >= cfg.max_steps:
             say(f"--resume: {ck} is already at step {at} >= --max-steps {cfg.max_steps}: "
@@ -240,10 +242,11 @@ def run(cfg: TrainConfig, loss_fn=None, return_model: bool = False) -> dict:
               host_weight_copy=COPY_MODES[cfg.host_weight_copy],
               keep_weights=cfg.keep_weights, verbose=main,
               held_gpu_updates=held_option(cfg.held_gpu_updates))
-    engine = _resume(cfg, ck, model, data, global_batch, kw, say) if ck is not None else None
+    kw["optimizer"] = AdamW(lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps,
+                            weight_decay=cfg.weight_decay)
+    engine = _resume(cfg, ck, model, data, kw, say) if ck is not None else None
     if engine is None:
-        opt = AdamW(lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, weight_decay=cfg.weight_decay)
-        engine = Engine(model, optimizer=opt, init=init, **kw)
+        engine = Engine(model, init=init, **kw)
     out_dir.mkdir(parents=True, exist_ok=True)
     if main:
         (out_dir / "config.json").write_text(json.dumps({k: v for k, v in vars(cfg).items()
@@ -310,10 +313,12 @@ def run(cfg: TrainConfig, loss_fn=None, return_model: bool = False) -> dict:
                                    "check the data, or resume from the last checkpoint")
             done = step + 1
             if sig.received is not None:
+                stopped_by = sig.received
+                if done == cfg.max_steps:
+                    break   # the last step: its checkpoint is final/, written below
                 save(runckpt.step_dir(out_dir, done))
                 if main:
                     runckpt.prune(out_dir, cfg.keep_last)
-                stopped_by = sig.received
                 note(f"outcore: saved {runckpt.step_dir(out_dir, done)}; "
                      "continue with --resume")
                 break
@@ -324,7 +329,7 @@ def run(cfg: TrainConfig, loss_fn=None, return_model: bool = False) -> dict:
                 log.flush()
         bar.close()
         wall = time.perf_counter() - t_run
-        if stopped_by is None:
+        if stopped_by is None or engine.step_count >= cfg.max_steps:
             save(out_dir / "final")
     log.close()
     engine.synchronize()   # the last steps' device timings settle (and every update lands)
