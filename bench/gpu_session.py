@@ -863,6 +863,16 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
     # nvidia-h200 (session 40): 3b-16k with its peers at HEAD, after session 39's and 40's
     # engine changes (BatchNorm copies, the stash's clear, shared_args, rebound params)
     "s40-3b16k": [(570, record("3b-16k", "stream-h200-s40-3b16k", 185))],
+    # nvidia-h200 (session 40): after session 40's reviews (gemm.Linear, embed's reader
+    # and eval, plan/config/resume, swap's state_dict): the GPU tests they touch, the
+    # user's commands on the GPU, and embed's GPU check and quality case (no PBG)
+    "s40-final": [(100, PY + ["-m", "pytest", "-q", "-rs", "-p", "no:warnings",
+                              "tests/embed/test_fused.py", "tests/swap/test_swap_cuda.py",
+                              "tests/gemm/test_gemm_gpu.py", "-k",
+                              "linear or fused or swap or cuda"]),
+                  (250, PY + [B + "cli_gpu.py", "--out", "cli-h200-s40"]),
+                  (170, PY + [B + "embed.py", "--cases", "check,quality", "--skip-pbg",
+                              "--budget-s", "140", "--out", "embed-h200-s40"])],
     # nvidia-h200 (written in session 25): tf32x3's error on Gram matrices by BIG_CHUNK
     "s26-gram": [(120, PY + [B + "diag/x3_gram.py"])],
     # nvidia-h200 (session 22): 3b-16k outcore alone, 8 measured steps each: the balance
