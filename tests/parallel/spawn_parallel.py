@@ -17,7 +17,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_ranks(cfg: dict, n: int, timeout: float = 90.0):
+def run_ranks(cfg: dict, n: int, timeout: float = 90.0, worker: Path = WORKER):
     """-> ([return codes], [stderr texts], seconds until the last rank exited)."""
     port = free_port()
     procs = []
@@ -25,7 +25,7 @@ def run_ranks(cfg: dict, n: int, timeout: float = 90.0):
     for r in range(n):
         env = dict(os.environ, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(n),
                    MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
-        procs.append(subprocess.Popen([sys.executable, str(WORKER), json.dumps(cfg)], env=env,
+        procs.append(subprocess.Popen([sys.executable, str(worker), json.dumps(cfg)], env=env,
                                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                       text=True))
     errs = []

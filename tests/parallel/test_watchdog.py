@@ -29,6 +29,20 @@ class SlowStore:
         return self.data[k]
 
 
+def beating(store, behind: float = 0.0):
+    """(stop event, thread): rank 1 alive, its heartbeat every 50 ms, its clock `behind` s
+    behind this one's."""
+    stop = threading.Event()
+
+    def peer():
+        while not stop.is_set():
+            store.set("hb/1", repr(time.time() - behind))
+            time.sleep(0.05)
+    t = threading.Thread(target=peer, daemon=True)
+    t.start()
+    return stop, t
+
+
 def test_stop_waits_for_the_thread_to_leave_the_store():
     store = SlowStore(delay=0.3)
     store.set("hb/1", repr(time.time() + 3600))     # a peer that stays alive
@@ -50,3 +64,48 @@ def test_a_silent_rank_is_named():
         time.sleep(0.01)
     assert w.dead() == [1]
     w.stop()
+
+
+def test_a_live_rank_on_a_host_with_another_clock_is_not_called_dead():
+    """Heartbeats carry the writer's wall time; ranks on other machines have other clocks
+    (here 100 s behind). A rank whose heartbeat keeps changing is alive, whatever its
+    clock says: only a heartbeat that stops changing for `timeout` s is a dead rank."""
+    store = SlowStore()
+    stop, t = beating(store, behind=100)   # rank 1, alive, its clock 100 s behind
+    w = Watchdog(store, rank=0, world=2, timeout=1, interval=0.05, exit_process=False)
+    try:
+        time.sleep(2.0)
+        assert w.dead() == []
+        stop.set()            # the peer stops beating: named within about the timeout
+        t.join()
+        deadline = time.time() + 5
+        while not w.dead() and time.time() < deadline:
+            time.sleep(0.01)
+        assert w.dead() == [1]
+    finally:
+        stop.set()
+        w.stop()
+
+
+def test_a_failed_read_of_one_heartbeat_is_not_a_death():
+    """A read of a peer's heartbeat that fails once (a store hiccup) leaves the peer as last
+    seen: it used to count the peer as silent since this watchdog's start, i.e. dead at once
+    past `timeout`."""
+    store = SlowStore()
+    fails = {"n": 0}
+    real_get = store.get
+
+    def flaky_get(k):
+        fails["n"] += 1
+        if fails["n"] == 25:
+            raise RuntimeError("store hiccup")
+        return real_get(k)
+    store.get = flaky_get
+    stop, t = beating(store)
+    w = Watchdog(store, rank=0, world=2, timeout=1, interval=0.05, exit_process=False)
+    try:
+        time.sleep(2.0)
+        assert fails["n"] > 25 and w.dead() == []
+    finally:
+        stop.set()
+        w.stop()

@@ -10,23 +10,15 @@ from safetensors.torch import save_file
 
 from outcore import runckpt, train
 from outcore.cli import main
-from outcore.config import TrainConfig, build, load_toml
+from outcore.config import build, load_toml
 from outcore.errors import OutcoreError
 from outcore.logs import RunLog
 
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    f = tmp_path_factory.mktemp("c") / "corpus.txt"
-    f.write_text("".join(f"sample {i}: lorem ipsum dolor {i % 7}\n" for i in range(200)))
-    return f
+from .runlib import tiny_cfg
 
 
 def _cfg(out, corpus, **kw):
-    base = dict(model="tiny", data=str(corpus), seq_len=32, batch_size=4, max_steps=4,
-                warmup_steps=1, output_dir=str(out), tensorboard=False, device="cpu",
-                generate_tokens=0, save_every=2)
-    return TrainConfig(**{**base, **kw})
+    return tiny_cfg(out, corpus, **kw)
 
 
 @pytest.fixture(scope="module")

@@ -11,22 +11,13 @@ import pytest
 from safetensors.torch import load_file
 
 from outcore import runckpt, train
-from outcore.config import TrainConfig
 from outcore.errors import OutcoreError
 
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    f = tmp_path_factory.mktemp("c") / "corpus.txt"
-    f.write_text("".join(f"sample {i}: lorem ipsum dolor {i % 7}\n" for i in range(200)))
-    return f
+from .runlib import tiny_cfg
 
 
 def _cfg(out, corpus, **kw):
-    base = dict(model="tiny", data=str(corpus), seq_len=32, batch_size=4, max_steps=6,
-                warmup_steps=1, output_dir=str(out), tensorboard=False, device="cpu",
-                generate_tokens=0, save_every=2, keep_last=0)
-    return TrainConfig(**{**base, **kw})
+    return tiny_cfg(out, corpus, **{**dict(max_steps=6, keep_last=0), **kw})
 
 
 @pytest.fixture(scope="module")

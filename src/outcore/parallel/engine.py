@@ -16,6 +16,9 @@ Device-side AdamW (gpu_updates) is off: its plan is measured per rank and would 
 
 from __future__ import annotations
 
+import dataclasses
+import zlib
+
 import torch
 
 from ..errors import OutcoreError
@@ -51,18 +54,46 @@ class ShardedEngine(Engine):
         self.label_shift = label_shift
         self._loss_weight = 1.0
         self._snapshot = False
+        self._rows_at: dict[int, int] = {}   # step -> this rank's rows (measured shares)
+        # Checked before anything is built: a bad value is a one-line error on every rank.
+        self.meter = ShareMeter(self.comm, shares, every=measure_every)
         super().__init__(model, optimizer, device, **kwargs)
         if self.comm.nccl and self.device.type == "cuda":
             # NCCL helpers (Comm.sum_, broadcast_object_list) use the current device: it must
             # be this rank's GPU, also when the caller initialised the process group itself.
             torch.cuda.set_device(self.device)
-        self.meter = ShareMeter(self.comm, shares, every=measure_every)
         self.signals = Agreement()
 
     # -- construction hooks ----------------------------------------------------------
     def _host_state(self):
+        self._check_ranks_agree()   # before the host state is allocated
         return ShardedHost(self.groups, self.rank, self.world, pin=self.lanes.cuda,
                            fill=self._fill)
+
+    def _check_ranks_agree(self) -> None:
+        """Collective: every rank must build the same model (parameters, shapes, blocks)
+        with the same options that decide the step's collectives or its arithmetic: else
+        the first step's collectives mismatch (gloo aborts the process, NCCL hangs or mixes
+        blocks) or ranks update their shards differently. One small all-reduce."""
+        layout = repr([(g.names, [tuple(p.shape) for p in g.params]) for g in self.groups])
+        options = repr((self.hold_updates, self.max_grad_norm, self.meter.mode,
+                        self.meter.every, self.label_shift,
+                        dataclasses.asdict(self.optimizer_config)))
+        mine = [float(zlib.crc32(layout.encode())), float(sum(g.numel for g in self.groups)),
+                float(len(self.groups)), float(zlib.crc32(options.encode()))]
+        table = self.comm.gather_rows(mine).tolist()
+        for r, row in enumerate(table):
+            if row[:3] != table[0][:3]:
+                raise OutcoreError(
+                    f"rank {r} built another model than rank 0 ({int(row[1])} parameters in "
+                    f"{int(row[2]) - 1} blocks against {int(table[0][1])} in "
+                    f"{int(table[0][2]) - 1}, or other names or shapes): build the same "
+                    "model, with the same blocks=, on every rank")
+            if row[3] != table[0][3]:
+                raise OutcoreError(
+                    f"rank {r} was given other engine options than rank 0 (max_grad_norm, "
+                    "skip_nonfinite, shares, measure_every, label_shift or the optimizer's): "
+                    "pass the same ones on every rank")
 
     def _device_cache(self):
         if self.block_slots != 3:
@@ -75,14 +106,37 @@ class ShardedEngine(Engine):
     @property
     def model(self):
         """Collective (every rank must call it): the full fp32 weights, gathered into the
-        user's Parameters (4 bytes/param more on the host until the next train_step)."""
+        user's Parameters (4 bytes/param more on the host until the next train_step).
+        As with one process, edits to them (in place, or p.data = t of the same shape) are
+        what the next train_step trains and what save writes."""
         self.synchronize()
+        self._take_edits()   # a .model before this one may have been edited
         for g, grp in enumerate(self.groups):
             full = self.gather_group(g)
             for p, off in zip(grp.params, grp.offsets):
                 p.data = full[off:off + p.numel()].view(p.shape)
         self._snapshot = True
         return self._model
+
+    def _take_edits(self) -> None:
+        """After .model handed out the full weights: this rank's slice of each parameter,
+        as the caller may have edited it (in place, or p.data = t of the same shape), back
+        into its shard; the next step reloads every group, as the base engine does after
+        .model. Edits made on one rank only stay on that rank's slices."""
+        if not self._snapshot:
+            return
+        for g, grp in enumerate(self.groups):
+            lo, hi = self.host.bounds(g)
+            shard = self.host.master[g]
+            for name, p, off, shape in zip(grp.names, grp.params, grp.offsets, grp.shapes):
+                if p.shape != shape:   # p.data = t of another shape (as the base refuses it)
+                    raise OutcoreError(f"parameter {name!r} was given shape {tuple(p.shape)} "
+                                       f"through .model, the engine trains {tuple(shape)}: "
+                                       "build a new Engine for a model of other shapes")
+                a, b = max(off, lo), min(off + p.numel(), hi)
+                if a < b:
+                    shard[a - lo:b - lo].copy_(p.detach().reshape(-1)[a - off:b - off])
+        self._host_changed = True
 
     def gather_group(self, g: int, which: str = "master") -> torch.Tensor:
         """Collective: group g's full padded flat buffer (master, exp_avg or exp_avg_sq) on
@@ -106,7 +160,8 @@ class ShardedEngine(Engine):
         """One step on the GLOBAL batch (every rank passes the same one); returns the
         whole batch's mean loss (one all-reduce, which also agrees on signals)."""
         self.signals.wrap()
-        if self._snapshot:  # drop the gathered copy made by .model
+        if self._snapshot:  # drop the gathered copy made by .model, keeping its edits
+            self._take_edits()
             for grp in self.groups:
                 for p in grp.params:
                     p.data = placeholder(p)
@@ -124,7 +179,9 @@ class ShardedEngine(Engine):
             s = self.label_shift
             mine = int((local["labels"][:, s:] != -100).sum())
             total = int((labels[:, s:] != -100).sum())
-            self._loss_weight = mine / max(1, total)
+            # no label token in the whole batch: the loss is the model's (NaN for a mean
+            # over none), as in one process
+            self._loss_weight = mine / total if total else n / B
         else:
             self._loss_weight = n / B
         part = super().train_step(local, loss_fn)
@@ -134,14 +191,31 @@ class ShardedEngine(Engine):
         rows[self.rank] = torch.tensor([part, *self.signals.notes()], dtype=torch.float64)
         rows = self.comm.sum_(rows)
         loss = float(rows[:, 0].sum())
-        self.meter.observe(n, max(self.stats.compute_s, 1e-9))
+        self._observe_speed(n)
         self.stats.history[-1]["loss"] = loss
         self.stats.history[-1]["rows"] = n
         self.signals.deliver(rows[:, 1:].amax(0).tolist())   # the same on every rank
         return loss
 
+    def _observe_speed(self, n: int) -> None:
+        """Hand the meter the compute time of the newest step whose time is known, with
+        THAT step's rows: on a GPU stats.compute_s is read once the step's events have run,
+        usually a step late (0 before any), and the rows may have changed since."""
+        self._rows_at[self.step_count] = n
+        timed = self.step_count - self.timer.pending
+        rows = self._rows_at.get(timed, 0)
+        for k in [k for k in self._rows_at if k < timed]:
+            del self._rows_at[k]
+        self.meter.observe(rows, self.stats.compute_s if rows and timed >= 1 else 0.0)
+
     def _loss(self, out, batch, loss_fn) -> torch.Tensor:
-        return super()._loss(out, batch, loss_fn) * self._loss_weight
+        loss = super()._loss(out, batch, loss_fn)
+        if self._loss_weight == 0:
+            # This rank's rows hold no label token (other ranks' do): its part of the whole
+            # batch's mean is 0. The model's own mean over no token is NaN (0/0), and NaN * 0
+            # is NaN: it made the step's loss NaN. Its gradient is 0 (ignored tokens get none).
+            return torch.nan_to_num(loss) * 0.0
+        return loss * self._loss_weight
 
     def grad_ready(self, g: int, grad: torch.Tensor, w32=None, ring_i=None) -> None:
         # grad: P_g, this rank's part -> P_g / N: every rank's part of this rank's slice.
@@ -172,4 +246,6 @@ class ShardedEngine(Engine):
     def save(self, path) -> None:
         """Collective: every rank writes its shard into `path` (see parallel/checkpoint.py)."""
         from .checkpoint import save
+        self.synchronize()
+        self._take_edits()   # weights edited through .model are what is saved
         save(self, path)

@@ -59,6 +59,10 @@ class ShardedHost:
     def refresh(self, g: int) -> None:
         """Nothing to bring up to date: shards keep no 16-bit copies."""
 
+    def adopt_rebound(self, g: int) -> None:
+        """Nothing to adopt: ShardedEngine takes what .model handed out (edited in place or
+        rebound) into the shards before the step (ShardedEngine._take_edits)."""
+
     def bounds(self, g: int) -> tuple[int, int]:
         """[lo, hi) of this rank's slice of group g's padded flat buffer."""
         s = self.padded[g] // self.world

@@ -8,17 +8,22 @@ so a slower GPU gets fewer rows and all ranks finish their compute together.
 
 from __future__ import annotations
 
+import math
+
 from ..errors import OutcoreError
 
 
 def split_rows(batch: int, shares: list[float]) -> list[int]:
-    """batch rows split by `shares` (any positive weights), every rank at least one row."""
+    """batch rows split by `shares` (any positive finite weights), every rank at least one
+    row."""
     n = len(shares)
     if batch < n:
         raise OutcoreError(f"a batch of {batch} rows cannot be split over {n} ranks: use a "
                            f"batch size of at least {n}")
-    total = float(sum(shares))
-    want = [batch * s / total for s in shares]
+    top = max(shares)
+    # scaled by the largest first: weights such as [1e308, 1e308] would sum to inf
+    total = sum(s / top for s in shares)
+    want = [batch * (s / top) / total for s in shares]
     rows = [max(1, int(w)) for w in want]
     while sum(rows) > batch:  # the minimum of one row each overshot: take from the largest
         i = max((k for k in range(n) if rows[k] > 1), key=lambda k: rows[k] - want[k])
@@ -32,14 +37,32 @@ def split_rows(batch: int, shares: list[float]) -> list[int]:
 
 
 def check_shares(shares, world: int):
-    """None | list of world positive floats | 'measured' -> normalized form."""
-    if shares is None or shares == "measured":
+    """None | sequence of world positive finite numbers | 'measured' -> normalized form
+    (the numbers as floats summing to 1)."""
+    if shares is None or (isinstance(shares, str) and shares == "measured"):
         return shares
-    if isinstance(shares, str) or len(shares) != world or any(
-            not (float(s) > 0) for s in shares):
-        raise OutcoreError(f"shares={shares!r}: give None (equal), 'measured', or {world} "
-                           "positive numbers, one per rank")
-    return [float(s) for s in shares]
+    bad = OutcoreError(f"shares={shares!r}: give None (equal), 'measured', or {world} "
+                       "positive finite numbers, one per rank")
+    if isinstance(shares, (str, bytes, dict)) or not hasattr(shares, "__len__") or \
+            len(shares) != world:
+        raise bad
+    try:
+        values = [float(s) for s in shares]
+    except (TypeError, ValueError):
+        raise bad from None
+    if not all(math.isfinite(v) and v > 0 for v in values):
+        raise bad
+    top = max(values)
+    scaled = [v / top for v in values]   # no overflow in the sum below
+    total = sum(scaled)
+    return [v / total for v in scaled]
+
+
+def check_every(every) -> int:
+    if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+        raise OutcoreError(f"measure_every={every!r}: give a whole number of steps >= 1 "
+                           "between re-measurements of the shares")
+    return every
 
 
 class ShareMeter:
@@ -48,8 +71,9 @@ class ShareMeter:
     def __init__(self, comm, shares, warmup: int = 3, every: int = 20):
         self.comm = comm
         self.mode = check_shares(shares, comm.world)
-        self.shares = [1.0] * comm.world if self.mode in (None, "measured") else self.mode
-        self.warmup, self.every = warmup, every
+        self.shares = [1.0 / comm.world] * comm.world if self.mode in (None, "measured") \
+            else self.mode
+        self.warmup, self.every = warmup, check_every(every)
         self.steps = 0
         self.history: list[list[float]] = []
 
@@ -57,13 +81,23 @@ class ShareMeter:
         return split_rows(batch, self.shares)
 
     def observe(self, rows: int, busy_s: float) -> None:
-        """After a step: this rank computed `rows` rows in `busy_s` seconds of compute."""
+        """After a step: this rank computed `rows` rows in `busy_s` seconds of compute (0:
+        not timed yet, as on a GPU before the step's events have run)."""
         self.steps += 1
         if self.mode != "measured":
             return
         if not (self.steps <= self.warmup or self.steps % self.every == 0):
             return
         t = self.comm.gather_rows([float(rows), float(busy_s)])  # collective: every rank
-        rate = [r / max(b, 1e-9) for r, b in t.tolist()]
+        table = t.tolist()
+        # The same table on every rank, so every rank takes or skips it alike. A rank with
+        # no time (0, NaN) or no rows would read as infinitely fast or slow: skipped.
+        if not all(r >= 1 and math.isfinite(b) and b > 0 for r, b in table):
+            return
+        rate = [r / b for r, b in table]
+        if not all(math.isfinite(x) and x > 0 for x in rate):
+            return
+        top = max(rate)
+        rate = [x / top for x in rate]
         self.shares = [x / sum(rate) for x in rate]
         self.history.append(list(self.shares))

@@ -1,9 +1,10 @@
 """Heartbeats through the rendezvous store: a dead rank makes the others exit, naming it.
 
 Every rank writes `hb/{rank}` = its wall time every `interval` s from a daemon thread and
-reads everybody else's. A rank whose heartbeat is older than `timeout` s (or a store that
-stops answering: its host, rank 0, torchrun's agent or `--nproc`'s launcher, is gone) ends
-this process with a one-line message, instead of hanging in a collective forever.
+reads everybody else's. A rank whose heartbeat has not changed for `timeout` s (timed on
+this host's clock: the machines' clocks may differ), or a store that stops answering (its
+host, rank 0, torchrun's agent or `--nproc`'s launcher, is gone), ends this process with a
+one-line message, instead of hanging in a collective forever.
 """
 
 from __future__ import annotations
@@ -41,20 +42,29 @@ class Watchdog:
             os._exit(3)  # no clean shutdown is possible: a collective may be blocked forever
 
     def _run(self) -> None:
-        start = time.time()
+        # Per peer: its last heartbeat value and when (on this host's monotonic clock) it
+        # last changed. The values are the writers' wall times, but ranks on other machines
+        # have other clocks: a peer is judged by whether its heartbeat still changes, never
+        # by comparing its clock with this one.
+        start = time.monotonic()
+        last: dict[int, tuple[str | None, float]] = {}
         while not self._stop.wait(self.interval):
             try:
                 self._beat()
-                now = time.time()
+                now = time.monotonic()
                 for r in range(self.world):
                     if r == self.rank:
                         continue
+                    value, since = last.get(r, (None, start))
                     try:
-                        seen = float(self.store.get(f"hb/{r}")) if self.store.check(
-                            [f"hb/{r}"]) else start
-                    except (RuntimeError, ValueError):
-                        seen = start
-                    if now - seen > self.timeout and r not in self._dead:
+                        seen = self.store.get(f"hb/{r}") if self.store.check(
+                            [f"hb/{r}"]) else None
+                    except RuntimeError:   # one failed read: no news, not a death
+                        seen = value
+                    if seen is not None and seen != value:
+                        value, since = seen, now
+                    last[r] = (value, since)
+                    if now - since > self.timeout and r not in self._dead:
                         self._dead.append(r)
                 if self._dead:
                     self._fail(f"rank {', '.join(map(str, self._dead))} stopped (no heartbeat "

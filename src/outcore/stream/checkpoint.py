@@ -108,19 +108,26 @@ def save(engine, path) -> None:
     atomic_dir(Path(path), write)
 
 
-def load(cls, path, model, **kwargs):
-    path = Path(path)
+def read_state(path: Path) -> dict:
+    """A checkpoint's state.json as a dict (this engine's or parallel/checkpoint.py's), or
+    a one-line error: not a checkpoint, or damaged."""
     if not (path / "state.json").is_file():
         raise OutcoreError(f"{path} is not an outcore checkpoint (no state.json): pass the "
                            "directory written by engine.save")
     try:
         state = json.loads((path / "state.json").read_text())
     except ValueError as e:   # JSONDecodeError, UnicodeDecodeError
-        raise OutcoreError(f"{path}/state.json is damaged ({e}): load another "
-                           "checkpoint") from None
+        raise OutcoreError(f"{path}/state.json is damaged ({str(e).splitlines()[0]}): load "
+                           "another checkpoint") from None
     if not isinstance(state, dict):
         raise OutcoreError(f"{path}/state.json is damaged (not a JSON object): load another "
                            "checkpoint")
+    return state
+
+
+def load(cls, path, model, **kwargs):
+    path = Path(path)
+    state = read_state(path)
     if state.get("format") == "outcore-sharded-1":   # parallel/checkpoint.py's FORMAT
         raise OutcoreError(f"{path} was saved by {state.get('world')} ranks: load it under "
                            "torchrun (outcore train --nproc N) or with distributed=True")

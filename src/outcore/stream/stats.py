@@ -56,6 +56,11 @@ class ComputeTimer:
         self._cpu = 0.0
         self.last_phases: tuple[float, float] = (0.0, 0.0)   # (forward_s, backward_s)
 
+    @property
+    def pending(self) -> int:
+        """Closed steps whose times are not read yet (on a GPU usually the last one)."""
+        return len(self._steps)
+
     def phase(self, first: bool = False) -> None:
         """A phase boundary on the current (compute) stream: the step's start (first=True:
         forgets what a failed step left), backward's start, backward's end."""

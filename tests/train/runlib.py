@@ -1,0 +1,13 @@
+"""Shared by the train review tests: a tiny CPU run's TrainConfig (the corpus fixture is
+in conftest.py)."""
+
+from outcore.config import TrainConfig
+
+
+def tiny_cfg(out, corpus, **kw) -> TrainConfig:
+    """A 'tiny' model on `corpus`, 4 steps of 4 x 32 tokens on the CPU, a checkpoint every
+    2 steps; kw overrides."""
+    base = dict(model="tiny", data=str(corpus), seq_len=32, batch_size=4, max_steps=4,
+                warmup_steps=1, output_dir=str(out), tensorboard=False, device="cpu",
+                generate_tokens=0, save_every=2)
+    return TrainConfig(**{**base, **kw})
