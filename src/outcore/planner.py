@@ -9,6 +9,8 @@ a GPU, and CPU AdamW on a few million parameters.
 
 from __future__ import annotations
 
+import difflib
+import os
 import statistics
 import time
 from dataclasses import dataclass
@@ -62,9 +64,6 @@ def model_shape(model: str) -> ModelShape:
 def unknown_model(model: str) -> OutcoreError:
     """The one-line error for a --model that is neither a reference size nor a Hugging Face
     checkpoint directory: what is wrong with it and what to pass instead."""
-    import difflib
-    import os
-
     from .models import SIZES
     sizes = ", ".join(SIZES)
     p = Path(model).expanduser()
