@@ -873,6 +873,10 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
                   (250, PY + [B + "cli_gpu.py", "--out", "cli-h200-s40"]),
                   (170, PY + [B + "embed.py", "--cases", "check,quality", "--skip-pbg",
                               "--budget-s", "140", "--out", "embed-h200-s40"])],
+    # nvidia-h200 (session 40): shared_args and p.data rebound through .model on CUDA
+    # (fp32) against plain PyTorch
+    "s40-args": [(90, PY + ["-m", "pytest", "-q", "-rs", "-p", "no:warnings",
+                            "tests/stream/test_engine_args.py"])],
     # nvidia-h200 (written in session 25): tf32x3's error on Gram matrices by BIG_CHUNK
     "s26-gram": [(120, PY + [B + "diag/x3_gram.py"])],
     # nvidia-h200 (session 22): 3b-16k outcore alone, 8 measured steps each: the balance

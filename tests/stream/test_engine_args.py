@@ -13,6 +13,8 @@ from outcore import OutcoreError
 
 LR = 3e-3
 ROWS = 6   # the batch's rows: the shared table has as many by coincidence
+# on a GPU too (fp32 compute, TF32 off), against plain PyTorch on the CPU
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
 def one_line(e) -> str:
@@ -57,9 +59,11 @@ def data(n=3):
              "y": torch.randint(0, 3, (ROWS,), generator=gen)} for _ in range(n)]
 
 
-def engine(model, **kw):
+def engine(model, device="cpu", **kw):
+    if device == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = False
     return outcore.Engine(model, optimizer=outcore.AdamW(lr=LR, weight_decay=0.0),
-                          device="cpu", **kw)
+                          device=device, compute_dtype=torch.float32, **kw)
 
 
 def plain(model, batches):
@@ -75,14 +79,15 @@ def max_diff(a: nn.Module, b: nn.Module) -> float:
     return max((v - sb[k]).abs().max().item() for k, v in a.state_dict().items())
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("by_keyword", [False, True])
-def test_shared_args_stay_whole_in_micro_batches(by_keyword):
+def test_shared_args_stay_whole_in_micro_batches(by_keyword, device):
     torch.manual_seed(0)
     model = Net(by_keyword)
     ref, split = copy.deepcopy(model), copy.deepcopy(model)
     plain(ref, data())
-    eng = engine(model, micro_batch_size=2, shared_args=("table",))
-    wrong = engine(split, micro_batch_size=2)   # the default splits the 6 x 8 table
+    eng = engine(model, device, micro_batch_size=2, shared_args=("table",))
+    wrong = engine(split, device, micro_batch_size=2)   # the default splits the 6 x 8 table
     for b in data():
         eng.train_step(b, loss_fn=ce)
         wrong.train_step(b, loss_fn=ce)
@@ -112,14 +117,15 @@ def test_a_float64_model_is_refused_not_trained_in_float32():
     assert model.emb.weight.dtype == torch.float64 and torch.equal(model.emb.weight, before)
 
 
-def test_parameters_rebound_through_model_are_trained_from_their_new_values():
+@pytest.mark.parametrize("device", DEVICES)
+def test_parameters_rebound_through_model_are_trained_from_their_new_values(device):
     """p.data = t through engine.model: training goes on from t, as in plain PyTorch."""
     torch.manual_seed(0)
     model = Net(False)
     ref = copy.deepcopy(model)
     opt = torch.optim.AdamW(ref.parameters(), lr=LR, weight_decay=0.0)
     batches = data(4)
-    eng = engine(model)
+    eng = engine(model, device)
     for i, b in enumerate(batches):
         if i == 1:
             new_emb, new_blk = torch.randn(8, 8), torch.randn(8, 8)
