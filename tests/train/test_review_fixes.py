@@ -14,7 +14,7 @@ from outcore.config import build, load_toml
 from outcore.errors import OutcoreError
 from outcore.logs import RunLog
 
-from .runlib import tiny_cfg
+from .runlib import finished_run, tiny_cfg
 
 
 def _cfg(out, corpus, **kw):
@@ -24,9 +24,7 @@ def _cfg(out, corpus, **kw):
 @pytest.fixture(scope="module")
 def done_run(tmp_path_factory, corpus):
     """A finished run: checkpoints/step-00000002 and final (step 4)."""
-    out = tmp_path_factory.mktemp("done") / "run"
-    train.run(_cfg(out, corpus))
-    return out
+    return finished_run(tmp_path_factory, lambda out: _cfg(out, corpus))
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 from outcore import runckpt, train
 from outcore.errors import OutcoreError
 
-from .runlib import tiny_cfg
+from .runlib import finished_run, tiny_cfg
 
 
 def _cfg(out, corpus, **kw):
@@ -23,9 +23,7 @@ def _cfg(out, corpus, **kw):
 @pytest.fixture(scope="module")
 def done_run(tmp_path_factory, corpus):
     """A finished run: checkpoints/step-00000002, step-00000004 and final (step 6)."""
-    out = tmp_path_factory.mktemp("done") / "run"
-    train.run(_cfg(out, corpus))
-    return out
+    return finished_run(tmp_path_factory, lambda out: _cfg(out, corpus))
 
 
 @pytest.fixture

@@ -28,11 +28,11 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from safetensors import safe_open
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from ..errors import OutcoreError
 from ..stream.checkpoint import FORMAT as SINGLE_FORMAT
-from ..stream.checkpoint import _buffers, _check_target, atomic_dir, read_state
+from ..stream.checkpoint import _buffers, _check_target, atomic_dir, load_buffers, read_state
 from ..stream.optimizer import AdamW
 from ..stream.materialize import is_lazy, left_as_is
 
@@ -255,13 +255,7 @@ def _fill(engine, path: Path, state: dict) -> None:
     for name in (f"buffers-{engine.rank}.safetensors", "buffers-0.safetensors",
                  "buffers.safetensors"):
         if (path / name).is_file():
-            saved = _read(path / name, lambda f: load_file(str(f)))
-            live = dict(engine._model.named_buffers())
-            for key, b in _buffers(engine).items():
-                if key in saved:
-                    b.copy_(saved[key])
-                    if live[key] is not b:
-                        live[key].copy_(saved[key])   # the model's own (host) buffer too
+            load_buffers(engine, path / name)
             break
     engine.step_count = state["step"]
     rng_file = path / f"rng-{engine.rank}.pt"

@@ -125,6 +125,18 @@ def read_state(path: Path) -> dict:
     return state
 
 
+def load_buffers(engine, file: Path) -> None:
+    """The model's persistent buffers from a buffers*.safetensors file: into the engine's
+    (device) copies and the model's own host buffers."""
+    saved = _read(file, lambda f: load_file(str(f)))
+    live = dict(engine._model.named_buffers())
+    for name, b in _buffers(engine).items():
+        if name in saved:
+            b.copy_(saved[name])
+            if live[name] is not b:
+                live[name].copy_(saved[name])   # the model's own (host) buffer too
+
+
 def load(cls, path, model, **kwargs):
     path = Path(path)
     state = read_state(path)
@@ -167,13 +179,7 @@ def load(cls, path, model, **kwargs):
             st["step"] = st["step"].reshape(())
         engine.opt.load_state_tensors(i, st)
     if (path / "buffers.safetensors").is_file():   # absent in checkpoints before buffers
-        saved_bufs = _read(path / "buffers.safetensors", lambda f: load_file(str(f)))
-        live = dict(engine._model.named_buffers())
-        for name, b in _buffers(engine).items():
-            if name in saved_bufs:
-                b.copy_(saved_bufs[name])
-                if live[name] is not b:
-                    live[name].copy_(saved_bufs[name])   # the model's own (host) buffer too
+        load_buffers(engine, path / "buffers.safetensors")
     engine.step_count = state["step"]
     rng = _read(path / "rng.pt", lambda f: torch.load(f, weights_only=False))
     torch.set_rng_state(rng["cpu"])
