@@ -39,6 +39,15 @@ def _train_parser(sub) -> None:
     p.add_argument("--max-bad-steps", type=int, help="non-finite steps in a row that stop "
                    "the run (default 5)")
     p.add_argument("--no-tensorboard", dest="tensorboard", action="store_false", default=None)
+    # the other half of each on/off pair: over a config file's value (flags win)
+    p.add_argument("--tensorboard", dest="tensorboard", action="store_true", default=None,
+                   help="TensorBoard logs (the default), over a config file's false")
+    p.add_argument("--skip-nonfinite", dest="skip_nonfinite", action="store_true",
+                   default=None, help="the default, over a config file's false")
+    p.add_argument("--keep-weights", dest="keep_weights", action="store_true", default=None,
+                   help="the default, over a config file's false")
+    p.add_argument("--no-compile-kernels", dest="compile_kernels", action="store_false",
+                   default=None, help="over a config file's compile_kernels = true")
     p.add_argument("--output-dir")
     p.add_argument("--resume", action="store_true", default=None)
     p.add_argument("--device", help="auto (default), cpu, cuda or cuda:N")

@@ -153,3 +153,9 @@ def test_a_parameter_rebound_to_another_shape_is_one_line():
     msg = one_line(e)
     assert "'layers.0.lin.weight'" in msg and "(4, 8)" in msg and "(8, 8)" in msg
     eng.close()
+
+
+def test_held_gpu_updates_past_the_block_count_is_one_line():
+    with pytest.raises(OutcoreError) as e:
+        engine(Net(False), held_gpu_updates=3, max_grad_norm=1.0)
+    assert "held_gpu_updates=3" in one_line(e) and "2 blocks" in one_line(e)

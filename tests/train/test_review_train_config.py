@@ -112,3 +112,19 @@ def test_flags_that_are_not_config_keys_say_so(tmp_path, key, flag):
     with pytest.raises(OutcoreError, match=f"'{key}' is a command-line option only") as e:
         load_toml(f)
     assert flag in _one_line(e)
+
+
+@pytest.mark.parametrize("key,flag,value", [("tensorboard", "--tensorboard", True),
+                                            ("skip_nonfinite", "--skip-nonfinite", True),
+                                            ("keep_weights", "--keep-weights", True),
+                                            ("compile_kernels", "--no-compile-kernels", False)])
+def test_a_flag_switches_back_what_a_config_file_switched(tmp_path, key, flag, value):
+    """Flags win over the file: each on/off setting has both flags (a file's
+    `tensorboard = false` could not be turned back on from the command line)."""
+    from outcore.cli import build_parser
+    f = _toml(tmp_path, f"[train]\n{key} = {str(not value).lower()}\n")
+    args = build_parser().parse_args(["train", "--config", str(f), flag])
+    flags = {k: v for k, v in vars(args).items()
+             if k not in ("func", "config", "command", "nproc", "argv")}
+    assert getattr(build(load_toml(f), flags), key) is value
+    assert getattr(build(load_toml(f), {}), key) is (not value)

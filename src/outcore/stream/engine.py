@@ -99,6 +99,9 @@ class Engine(StepFlow, StepAccounting):
         self.groups = build_groups(model, self.blocks_path, container)
         # block arguments never split into micro-batches (split.split_extra)
         self.shared_args = check_shared(shared_args, [g.module for g in self.groups[1:]])
+        if type(held_gpu_updates) is int and held_gpu_updates > len(self.groups) - 1:
+            raise OutcoreError(f"held_gpu_updates={held_gpu_updates} but the model has "
+                               f"{len(self.groups) - 1} blocks: use at most that, or 'auto'")
         from .plan import check_fits, describe
         check_fits(self)  # before anything large is pinned or allocated on the device
         self.lanes = Lanes(self.device)
