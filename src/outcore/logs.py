@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import sys
 from pathlib import Path
+
+from .errors import OutcoreError
 
 # compute_s and copy_wait_s come from device events read once they have run: on a GPU
 # usually the step before the row's (stream/stats.py); optimizer_wait_s is the row's own.
@@ -22,13 +25,25 @@ class RunLog:
     """write(row) with row keys from COLUMNS; `step` is 1-based (steps done)."""
 
     def __init__(self, out_dir: Path, resume_step: int = 0, tensorboard: bool = True):
-        out_dir.mkdir(parents=True, exist_ok=True)
+        out_dir = Path(out_dir)
         self.jsonl = out_dir / "metrics.jsonl"
         self.csv = out_dir / "metrics.csv"
-        self._truncate(resume_step)
-        new_csv = not self.csv.exists()
-        self._jf = open(self.jsonl, "a")
-        self._cf = open(self.csv, "a", newline="")
+        self._jf = self._cf = None
+        self._closed = False
+        try:
+            out_dir.mkdir(parents=True, exist_ok=True)
+            self._truncate(resume_step)
+            new_csv = not self.csv.exists()
+            self._jf = open(self.jsonl, "a")
+            self._cf = open(self.csv, "a", newline="")
+        except OSError as e:
+            for f in (self._jf, self._cf):
+                if f is not None:
+                    f.close()
+            where = e.filename if e.filename is not None else out_dir
+            raise OutcoreError(f"cannot write the run log in {out_dir} ({where}: "
+                               f"{e.strerror or e}): give a writable output directory, or "
+                               "remove what is in the way there") from None
         self._cw = csv.DictWriter(self._cf, fieldnames=COLUMNS, extrasaction="ignore")
         if new_csv:
             self._cw.writeheader()
@@ -53,11 +68,17 @@ class RunLog:
             with open(self.csv, newline="") as f:
                 rows = [r for r in csv.DictReader(f) if _upto(r, step)]
             with open(self.csv, "w", newline="") as f:
-                w = csv.DictWriter(f, fieldnames=COLUMNS)
+                # ignore: columns of another version's header, and the surplus cells of a
+                # row longer than the header (DictReader files them under the key None)
+                w = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
                 w.writeheader()
                 w.writerows(rows)
 
     def write(self, row: dict) -> None:
+        # NaN/inf (a skipped step's gradient norm) as null / an empty cell: json.dumps would
+        # write NaN, which is not JSON (jq, JavaScript and most readers reject the line).
+        row = {k: None if isinstance(v, float) and not math.isfinite(v) else v
+               for k, v in row.items()}
         self._jf.write(json.dumps(row) + "\n")
         self._cw.writerow(row)
         if self.tb is not None:
@@ -66,13 +87,18 @@ class RunLog:
                     self.tb.add_scalar(f"train/{k}", v, row["step"])
 
     def flush(self) -> None:
+        if self._closed:
+            return
         self._jf.flush()
         self._cf.flush()
         if self.tb is not None:
             self.tb.flush()
 
     def close(self) -> None:
+        if self._closed:
+            return
         self.flush()
+        self._closed = True
         self._jf.close()
         self._cf.close()
         if self.tb is not None:

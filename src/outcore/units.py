@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import math
 import re
+from decimal import Decimal
+from fractions import Fraction
 
 from .errors import OutcoreError
 
@@ -12,7 +15,10 @@ _UNITS = {
     "t": 1000**4, "tb": 1000**4,
     "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4,
 }
-_PATTERN = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*$")
+# ASCII digits only (Python's \d and \s also match other scripts'); a sign is read so that
+# "-1GiB" is told it must be positive rather than that it does not parse.
+_PATTERN = re.compile(r"^[ \t\n\r]*([+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?)"
+                      r"[ \t\n\r]*([a-zA-Z]*)[ \t\n\r]*$")
 
 
 def parse_bytes(value: str | int | float | None, what: str = "size") -> int | None:
@@ -27,6 +33,9 @@ def parse_bytes(value: str | int | float | None, what: str = "size") -> int | No
     if isinstance(value, (int, float)):
         if not value > 0 or value == float("inf"):   # nan fails both comparisons
             raise OutcoreError(f"{what}={value!r} must be a positive, finite number of bytes")
+        if int(value) <= 0:   # 0.5 would be 0 bytes
+            raise OutcoreError(f"{what}={value!r} is less than one byte: give a whole number "
+                               "of bytes or a string such as '16GiB'")
         return int(value)
     m = _PATTERN.match(str(value))
     unit = m.group(2).lower() if m else None
@@ -34,18 +43,28 @@ def parse_bytes(value: str | int | float | None, what: str = "size") -> int | No
         raise OutcoreError(
             f"{what}={value!r} does not parse as a size: write a number and a unit such as "
             "'16GiB', '512MiB', '24GB' or a plain byte count")
-    x = float(m.group(1)) * _UNITS[unit]
-    if not 0 < x < float("inf"):
+    # Exact (Fraction), not float: "1.001KB" is 1001 bytes, and a 17+ digit byte count
+    # stays exact. The exponent is bounded first (as float's range did) so that "1e999999999"
+    # is refused at once instead of building a billion-digit integer.
+    x = Decimal(m.group(1))
+    if not x > 0:
+        raise OutcoreError(f"{what}={value!r} must be a positive size")
+    if x.adjusted() > 300:
         raise OutcoreError(f"{what}={value!r} must be a positive, finite size")
-    n = int(x)
+    n = int(Fraction(x) * _UNITS[unit]) if x.adjusted() > -30 else 0
     if n <= 0:
-        raise OutcoreError(f"{what}={value!r} must be positive")
+        raise OutcoreError(f"{what}={value!r} is less than one byte: give a size of at least "
+                           "1 byte, such as '16GiB'")
     return n
 
 
 def fmt_bytes(n: float) -> str:
     """25769803776 -> '24.0 GiB'."""
-    for unit, scale in (("TiB", 1024**4), ("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
-        if abs(n) >= scale:
+    if isinstance(n, float) and not math.isfinite(n):
+        return f"{n} B"   # nan / inf: int(nan) would raise inside an error message
+    if abs(n) < 1024:
+        return f"{int(n)} B"
+    for unit, scale in (("KiB", 1024), ("MiB", 1024**2), ("GiB", 1024**3), ("TiB", 1024**4)):
+        # rounded as printed: 1048575 is '1.0 MiB', not '1024.0 KiB'
+        if unit == "TiB" or round(abs(n) / scale, 1) < 1024:
             return f"{n / scale:.1f} {unit}"
-    return f"{int(n)} B"

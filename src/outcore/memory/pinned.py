@@ -20,6 +20,8 @@ from collections import defaultdict
 
 import torch
 
+from ..errors import OutcoreError
+
 
 def _cuda_ok() -> bool:
     return torch.cuda.is_available()
@@ -131,6 +133,10 @@ class PinnedPool:
         self._lock = threading.Lock()
         self._pending: list[tuple[object, torch.Tensor]] = []
         self._made: list[torch.Tensor] = []   # every buffer get() allocated (for close)
+        # id()s of the buffers now returned (free or pending): a second put of one of them
+        # would list it twice and get() would hand one buffer to two users. Those tensors are
+        # referenced from _free/_pending, so their ids cannot be reused meanwhile.
+        self._returned: set[int] = set()
         self.bytes_allocated = 0
 
     def _reclaim(self) -> None:
@@ -148,7 +154,9 @@ class PinnedPool:
         with self._lock:
             self._reclaim()
             if self._free[key]:
-                return self._free[key].pop()
+                t = self._free[key].pop()
+                self._returned.discard(id(t))
+                return t
             self.bytes_allocated += numel * torch.empty((), dtype=dtype).element_size()
         t = torch.empty(numel, dtype=dtype)
         t = pin_(t) if self.pin else t
@@ -163,12 +171,17 @@ class PinnedPool:
             made, self._made = self._made, []
             self._free.clear()
             self._pending = []
+            self._returned.clear()
         for t in made:
             unpin_(t)
 
     def put(self, t: torch.Tensor, after=None) -> None:
         """Return `t`; with `after` (an event) it is reused only once that event is done."""
         with self._lock:
+            if id(t) in self._returned:
+                raise OutcoreError("PinnedPool.put: this buffer was already returned and not "
+                                   "taken out again since: return each buffer once")
+            self._returned.add(id(t))
             self._pending.append((after, t))
 
 
