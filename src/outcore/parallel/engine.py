@@ -23,6 +23,7 @@ import torch
 
 from ..errors import OutcoreError
 from ..stream.engine import Engine
+from ..stream.storage import check_rebound_shape
 from .comm import Comm
 from .launch import local_device, watchdog
 from .shard import ShardedCache, ShardedHost, placeholder
@@ -129,10 +130,7 @@ class ShardedEngine(Engine):
             lo, hi = self.host.bounds(g)
             shard = self.host.master[g]
             for name, p, off, shape in zip(grp.names, grp.params, grp.offsets, grp.shapes):
-                if p.shape != shape:   # p.data = t of another shape (as the base refuses it)
-                    raise OutcoreError(f"parameter {name!r} was given shape {tuple(p.shape)} "
-                                       f"through .model, the engine trains {tuple(shape)}: "
-                                       "build a new Engine for a model of other shapes")
+                check_rebound_shape(name, p, shape)   # p.data = t of another shape
                 a, b = max(off, lo), min(off + p.numel(), hi)
                 if a < b:
                     shard[a - lo:b - lo].copy_(p.detach().reshape(-1)[a - off:b - off])

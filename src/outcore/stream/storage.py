@@ -23,6 +23,15 @@ from .blocks import Group
 from .materialize import Fill, repoint
 
 
+def check_rebound_shape(name: str, p: torch.Tensor, shape: torch.Size) -> None:
+    """p.data = t through `.model` with t of another shape than the engine's layout: one
+    line (the flat buffers cannot take it)."""
+    if p.shape != shape:
+        raise OutcoreError(f"parameter {name!r} was given shape {tuple(p.shape)} through "
+                           f".model, the engine trains {tuple(shape)}: build a new Engine "
+                           "for a model of other shapes")
+
+
 class HostState:
     """Flat per-group fp32 masters; see the module docstring for the layout."""
 
@@ -68,10 +77,7 @@ class HostState:
         for name, p, view in zip(grp.names, grp.params, self.views(self.master[g], grp)):
             if p.data_ptr() == view.data_ptr() and p.shape == view.shape:
                 continue
-            if p.shape != view.shape:
-                raise OutcoreError(f"parameter {name!r} was given shape {tuple(p.shape)} "
-                                   f"through .model, the engine trains {tuple(view.shape)}: "
-                                   "build a new Engine for a model of other shapes")
+            check_rebound_shape(name, p, view.shape)
             view.copy_(p.detach())
             repoint(p, view)
 
