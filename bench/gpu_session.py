@@ -877,6 +877,12 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
     # (fp32) against plain PyTorch
     "s40-args": [(90, PY + ["-m", "pytest", "-q", "-rs", "-p", "no:warnings",
                             "tests/stream/test_engine_args.py"])],
+    # nvidia-h200 (session 41): session 40's engine changes on CUDA (shared_args, params
+    # rebound through .model, fp32 against plain PyTorch), then the stream GPU tests at HEAD
+    "s41-check": [(90, PY + ["-m", "pytest", "-q", "-rs", "-p", "no:warnings",
+                             "tests/stream/test_engine_args.py"]),
+                  (220, PY + ["-m", "pytest", "-q", "-rs", "-p", "no:warnings",
+                              "--durations=5", "tests/stream/test_gpu.py"])],
     # nvidia-h200 (written in session 25): tf32x3's error on Gram matrices by BIG_CHUNK
     "s26-gram": [(120, PY + [B + "diag/x3_gram.py"])],
     # nvidia-h200 (session 22): 3b-16k outcore alone, 8 measured steps each: the balance
