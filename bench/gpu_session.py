@@ -883,6 +883,12 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
                              "tests/stream/test_engine_args.py"]),
                   (220, PY + ["-m", "pytest", "-q", "-rs", "-p", "no:warnings",
                               "--durations=5", "tests/stream/test_gpu.py"])],
+    # nvidia-h200 (session 41): the record's 3b-64k (outcore and PyTorch; FSDP2 is no
+    # target there) and largest rows at HEAD: the record's are session 35's engine
+    "s41-verify": [(260, record("3b-64k", "stream-h200-s41-64k", 200, "--systems",
+                                "outcore,pytorch")),
+                   (220, PY + [B + "stream.py", "--cases", "", "--skip-tests", "--timeout",
+                               "180", "--out", "stream-h200-s41-largest"])],
     # nvidia-h200 (written in session 25): tf32x3's error on Gram matrices by BIG_CHUNK
     "s26-gram": [(120, PY + [B + "diag/x3_gram.py"])],
     # nvidia-h200 (session 22): 3b-16k outcore alone, 8 measured steps each: the balance
