@@ -14,7 +14,8 @@ import torch
 
 from .spawn_parallel import run_ranks
 
-CASES = ["masked_rank", "resume_save", "measured", "edits", "buffers", "bad_loads",
+CASES = ["masked_rank", "resume_save", "measured", "edits", "buffers", "nonfinite",
+         "batch_differs", "model_buffers", "bad_loads",
          "save_other_dir", "shard_fails", "save_unwritable", "mismatch"]
 N = 2
 
@@ -116,6 +117,27 @@ def test_edits_through_engine_model_are_trained_and_saved(job):
 
 def test_buffers_survive_a_sharded_checkpoint(job):
     for o in results(job, "buffers"):
+        assert o["diff"] and all(d == 0 for d in o["diff"].values()), o["diff"]
+
+
+def test_a_non_finite_gradient_on_one_rank_skips_its_whole_group_as_in_one_process(job):
+    """Rank 0's slice of the group (w) was skipped and rank 1's (b) updated: the group
+    half-trained. Every rank must skip it, as one process skips the whole group."""
+    for o in results(job, "nonfinite"):
+        assert o["gate_kept"]
+        assert abs(o["loss"] - o["want_loss"]) <= 1e-5 * abs(o["want_loss"])
+        assert o["worst"] < 1e-5, o
+
+
+def test_a_rank_given_another_batch_is_refused_before_the_step(job):
+    for o in results(job, "batch_differs"):
+        one_line(o["err"], "rank 1", "same batch")
+        assert o["same"]
+
+
+def test_engine_model_shows_the_trained_running_statistics(job):
+    for o in results(job, "model_buffers"):
+        assert o["moved"] > 0.1       # the statistics moved (inputs shifted by 3)
         assert o["diff"] and all(d == 0 for d in o["diff"].values()), o["diff"]
 
 

@@ -193,6 +193,71 @@ def case_edits(cfg, rank, world, tmp):
             "loaded_all_half": all(bool((p == 0.5).all()) for p in loaded)}
 
 
+class Gate(nn.Module):
+    """h = x * w + b, its non-finite entries zeroed: a non-finite input stays out of the
+    forward but makes w's gradient NaN (NaN * 0), and no other parameter's."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.ones(8))
+        self.b = nn.Parameter(torch.zeros(8))
+
+    def forward(self, x):
+        h = x * self.w + self.b
+        return torch.where(torch.isfinite(h), h, torch.zeros_like(h))
+
+
+def case_nonfinite(cfg, rank, world, tmp):
+    """Without clipping or skip_nonfinite, a non-finite gradient skips its group's update:
+    in one process the whole group. Here w's gradient is NaN through rank 1's rows only,
+    and the Gate group's flat slices are w (rank 0's) and b (rank 1's): rank 1's slice is
+    finite, and it was updated while rank 0's was skipped."""
+    def model():
+        torch.manual_seed(1)
+        return nn.Sequential(Gate(), nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 3))
+
+    b = rows_batch()
+    b["input"][3:, 0] = float("nan")      # rows 3..5: rank 1's of 6 (equal shares)
+    e = outcore.Engine(model(), optimizer=opt(), device="cpu", distributed=True)
+    loss = e.train_step(b, loss_fn=ce)
+    got = {k: v.detach().clone() for k, v in e.model.named_parameters()}
+    e.close()
+    one = outcore.Engine(model(), optimizer=opt(), device="cpu")
+    want_loss = one.train_step(b, loss_fn=ce)
+    want = {k: v.detach().clone() for k, v in one.model.named_parameters()}
+    one.close()
+    init = dict(model().named_parameters())
+    return {"loss": loss, "want_loss": want_loss,
+            "gate_kept": all(bool((got[k] == init[k]).all()) for k in ("0.w", "0.b")),
+            "worst": max(rel(got[k], want[k]) for k in want)}
+
+
+def case_batch_differs(cfg, rank, world, tmp):
+    """Rank 1 passes another batch (a per-rank batch, as with DDP): one-line error on
+    every rank before the step; nothing trained."""
+    e = outcore.Engine(mlp(), optimizer=opt(), device="cpu", distributed=True)
+    before = [p.detach().clone() for p in e.model.parameters()]
+    err = one_line_error(lambda: e.train_step(rows_batch(seed=rank), loss_fn=ce))
+    same = all(bool((a == p).all()) for a, p in zip(before, e.model.parameters()))
+    e.close()
+    return {"err": err, "same": same}
+
+
+def case_model_buffers(cfg, rank, world, tmp):
+    """engine.model shows the running statistics the engine trains (its device copies on a
+    GPU: copies here too, as a GPU's would be), not the model's initial ones."""
+    e = outcore.Engine(mlp(norm=True), optimizer=opt(), device="cpu", distributed=True)
+    e._buffers = [{k: v.clone() for k, v in d.items()} for d in e._buffers]
+    for i in range(2):
+        e.train_step(rows_batch(seed=i, shift=3.0), loss_fn=ce)
+    trained = {k: v.clone() for d in e._buffers for k, v in d.items()}
+    shown = {k.split(".", 1)[1]: v.clone() for k, v in e.model.named_buffers()}
+    e.close()
+    return {"diff": {k: (trained[k].double() - shown[k].double()).abs().max().item()
+                     for k in trained},
+            "moved": float(trained["running_mean"].abs().max())}
+
+
 # -- checkpoints --------------------------------------------------------------------------
 def case_buffers(cfg, rank, world, tmp):
     """BatchNorm's running statistics (each rank's, over its rows) survive save + load."""

@@ -1,14 +1,17 @@
 """The sharded data-parallel engine: outcore.Engine(..., distributed=True) under torchrun.
 
 Per step, with N ranks each holding 1/N of every group's host state (shard.py):
-  batch     every rank gets the same global batch and keeps its rows (shares.py); its loss
-            is scaled by its share of the loss's denominator (label tokens that are not
-            -100 after the causal shift when the batch has `labels` and no loss_fn, else
-            rows), so the gradients summed over ranks are those of the whole batch's mean
+  batch     every rank gets the same global batch (checked: batchcheck.py) and keeps its
+            rows (shares.py); its loss is scaled by its share of the loss's denominator
+            (label tokens that are not -100 after the causal shift when the batch has
+            `labels` and no loss_fn, else rows), so the gradients summed over ranks are
+            those of the whole batch's mean
   forward   block g: this rank's shard host->device, all-gather into the slot, compute
   backward  the fp32 flat gradient of g is reduce-scattered: each rank receives the sum
             over ranks of its own slice, copies it to the host and runs AdamW on its shard
   clipping  the global norm is the sum over ranks of each shard's norm^2 (one all-reduce)
+  skipping  without clipping, a group whose gradient is not finite on any rank's slice is
+            skipped on every rank (one scalar all-reduce a group), as in one process
   signals   SIGINT/SIGTERM reach the program's handler at the end of the same step on every
             rank (signals.py), so all ranks stop, or checkpoint, after the same step
 Device-side AdamW (gpu_updates) is off: its plan is measured per rank and would diverge.
@@ -24,6 +27,7 @@ import torch
 from ..errors import OutcoreError
 from ..stream.engine import Engine
 from ..stream.storage import check_rebound_shape
+from .batchcheck import check_same_batch
 from .comm import Comm
 from .launch import local_device, watchdog
 from .shard import ShardedCache, ShardedHost, placeholder
@@ -107,7 +111,8 @@ class ShardedEngine(Engine):
     @property
     def model(self):
         """Collective (every rank must call it): the full fp32 weights, gathered into the
-        user's Parameters (4 bytes/param more on the host until the next train_step).
+        user's Parameters (4 bytes/param more on the host until the next train_step), and
+        this rank's buffers (BatchNorm's statistics over its own rows, as save writes them).
         As with one process, edits to them (in place, or p.data = t of the same shape) are
         what the next train_step trains and what save writes."""
         self.synchronize()
@@ -116,6 +121,7 @@ class ShardedEngine(Engine):
             full = self.gather_group(g)
             for p, off in zip(grp.params, grp.offsets):
                 p.data = full[off:off + p.numel()].view(p.shape)
+        self._buffers_to_model()   # this rank's running statistics (its rows', as saved)
         self._snapshot = True
         return self._model
 
@@ -169,6 +175,7 @@ class ShardedEngine(Engine):
         if len(sizes) != 1:
             return super().train_step(batch, loss_fn)  # let the base engine explain
         B = sizes.pop()
+        check_same_batch(self.comm, batch)   # before anything of the step has run
         start, n = self.batch_rows(B)
         local = {k: v[start:start + n] if isinstance(v, torch.Tensor) and v.dim() else v
                  for k, v in batch.items()}
@@ -218,6 +225,8 @@ class ShardedEngine(Engine):
     def grad_ready(self, g: int, grad: torch.Tensor, w32=None, ring_i=None) -> None:
         # grad: P_g, this rank's part -> P_g / N: every rank's part of this rank's slice.
         part = self.comm.reduce_scatter(grad)
+        if self.world > 1 and not self.hold_updates:
+            self._agree_nonfinite(part)
         if ring_i is not None and part.untyped_storage().data_ptr() == \
                 grad.untyped_storage().data_ptr():
             # `part` is (a view of) the ring buffer itself (one rank, or gloo's all-reduce):
@@ -229,6 +238,19 @@ class ShardedEngine(Engine):
             # this point (a synchronous collective makes the current stream wait for it).
             self.grad_ring.give(ring_i, self.lanes.event())
         super().grad_ready(g, part, w32)
+
+    def _agree_nonfinite(self, part: torch.Tensor) -> None:
+        """Without held updates a group whose gradient is not finite is skipped, judged on
+        the rank's own slice (flow.nonfinite_check): a NaN in one slice left the other
+        ranks' slices of the group updated. One scalar all-reduce of the slices' squared
+        norms (on the device with NCCL: no host sync) and, where the sum is not finite,
+        this slice's first element made NaN (x + (s - s): + 0 for a finite s), so every
+        rank skips the whole group, as one process does."""
+        if not part.numel():
+            return
+        sq = torch.linalg.vector_norm(part, dtype=torch.float32).square().reshape(1)
+        self.comm.sum_(sq)
+        part.view(-1)[:1].add_((sq - sq).to(part.dtype))
 
     def _global_norm(self) -> float:
         local = torch.stack([s.to(self.device) for s in self._sq]).sum().reshape(1)
