@@ -46,19 +46,29 @@ def shard_files(path: str | Path) -> list[Path]:
     return sorted(p.glob("*.safetensors"))
 
 
+try:   # transformers >= 5 validates configs through huggingface_hub's strict dataclasses
+    from huggingface_hub.errors import StrictDataclassError
+    _STRICT: tuple = (StrictDataclassError,)
+except ImportError:
+    _STRICT = ()
+
+
 def hf_config(path: str):
     tf = _transformers()
     try:
         # trust_remote_code=False: no prompt on stdin, no code from the checkpoint is run
         return tf.AutoConfig.from_pretrained(path, local_files_only=True,
                                              trust_remote_code=False)
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, *_STRICT) as e:
         if "trust_remote_code" in str(e):
             raise OutcoreError(f"--model {path}: the model needs its own Python code "
                                "(auto_map in config.json), which outcore does not run: use "
                                "an architecture transformers has built in") from None
-        raise OutcoreError(f"--model {path}: config.json is not a Hugging Face config "
-                           f"({str(e).splitlines()[0]})") from None
+        # a strict config's validation error: its first line names the validator, the cause
+        # says what is wrong ("hidden size (32) is not a multiple of ... heads (3)")
+        why = str(e.__cause__ if isinstance(e, _STRICT) and e.__cause__ else e)
+        raise OutcoreError(f"--model {path}: config.json is not a valid Hugging Face config "
+                           f"({why.strip().splitlines()[0]})") from None
 
 
 def empty_model(path: str):
@@ -71,6 +81,10 @@ def empty_model(path: str):
     except (ValueError, KeyError) as e:
         raise OutcoreError(f"--model {path}: not a causal LM transformers knows "
                            f"({str(e).splitlines()[0]})") from None
+    except AssertionError as e:   # torch's own checks, e.g. a pad_token_id >= vocab_size
+        why = str(e).strip() or "an assertion failed"
+        raise OutcoreError(f"--model {path}: config.json does not build a model ({why}): "
+                           "fix config.json") from None
 
 
 def _shards(path: str) -> list[Path]:
@@ -118,6 +132,8 @@ class SafetensorsInit:
                 why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
                 raise OutcoreError(f"--model {path}: {shard.name} is not a readable "
                                    f"safetensors file ({why}): is it complete?") from None
+        rename, merges = _key_renames(model)
+        named = {rename(k): k for k in sorted(where)}   # the model's name -> checkpoint key
         aliases: dict[int, list[str]] = {}
         for n, p in model.named_parameters(remove_duplicate=False):
             aliases.setdefault(id(p), []).append(n)
@@ -127,12 +143,17 @@ class SafetensorsInit:
         for names in aliases.values():
             keys = [a for n in names
                     for a in (n, n[len(prefix):] if n.startswith(prefix) else None) if a]
-            key = next((k for k in keys if k in where), None)
+            key = next((named[k] for k in keys if k in named), None)
             if key is None:
                 missing.append(names[0])
                 continue
             for n in names:   # the engine names a tied parameter by any one of them
                 self.key[n] = (key, where[key])
+        if missing and merges:
+            raise OutcoreError(f"--model {path}: transformers builds {len(missing)} of its "
+                               f"parameters (first: {missing[0]}) by merging several checkpoint "
+                               "tensors (as for mixture-of-experts layers), which outcore's "
+                               "loader does not do: this architecture is not supported")
         if missing:
             raise OutcoreError(f"--model {path}: the safetensors files lack {len(missing)} "
                                f"parameters (first: {missing[0]}): is the checkpoint complete?")
@@ -148,6 +169,23 @@ class SafetensorsInit:
                                f"config says {tuple(t.shape)}: config.json and weights "
                                "disagree")
         t.copy_(src)
+
+
+def _key_renames(model: nn.Module):
+    """(checkpoint key -> parameter name, transformers' merging converters): the renames
+    transformers >= 5 applies as it loads (GPT-NeoX's embed_out -> lm_head, legacy gamma/beta;
+    its save_pretrained writes the old names back). Identity on transformers 4."""
+    try:
+        from transformers.conversion_mapping import get_model_conversion_mapping
+        from transformers.core_model_loading import (WeightConverter, WeightRenaming,
+                                                     rename_source_key)
+        conv = get_model_conversion_mapping(model)
+        renames = [c for c in conv if isinstance(c, WeightRenaming)]
+        rename_source_key("probe.weight", renames, [])
+    except Exception:   # noqa: BLE001 - transformers 4, or these internals changed shape:
+        return (lambda k: k), []   # names as in the checkpoint (a missing one is reported)
+    return ((lambda k: rename_source_key(k, renames, [])[0]),
+            [c for c in conv if isinstance(c, WeightConverter)])
 
 
 def load_hf(path: str):
@@ -176,6 +214,7 @@ def load_tokenizer(path: str):
     """The checkpoint's tokenizer, None where it has none (no tokenizer files; for some
     models transformers then builds one with an empty vocabulary)."""
     tf = _transformers()
+    hf_config(path)   # a bad config.json said as such, not as a tokenizer failure or traceback
     try:
         tok = tf.AutoTokenizer.from_pretrained(path, local_files_only=True,
                                                trust_remote_code=False)

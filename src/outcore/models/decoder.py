@@ -45,6 +45,20 @@ class DecoderConfig:
     # same math as the eager functions. Takes precedence over fused_norm inside blocks.
     compiled: bool = False
 
+    def __post_init__(self) -> None:
+        # here, in one line, not as a shape error from inside torch at the first forward
+        for f in ("vocab", "dim", "layers", "heads", "kv_heads", "ffn", "max_seq"):
+            v = getattr(self, f)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise OutcoreError(f"DecoderConfig {f}={v!r}: it must be a positive integer")
+        if self.dim % self.heads or self.heads % self.kv_heads or self.head_dim % 2:
+            raise OutcoreError(f"DecoderConfig dim={self.dim}, heads={self.heads}, kv_heads="
+                               f"{self.kv_heads}: heads must divide dim into an even head "
+                               "size (rotary pairs) and kv_heads must divide heads")
+        if not (self.rope_theta > 0 and self.norm_eps >= 0):   # also False for NaN
+            raise OutcoreError(f"DecoderConfig rope_theta={self.rope_theta!r}, norm_eps="
+                               f"{self.norm_eps!r}: rope_theta must be > 0, norm_eps >= 0")
+
     @property
     def head_dim(self) -> int:
         return self.dim // self.heads
@@ -202,6 +216,10 @@ class Decoder(nn.Module):
             t.fill_(1.0)
 
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None):
+        if input_ids.dim() != 2 or (labels is not None and labels.shape != input_ids.shape):
+            raise OutcoreError(f"Decoder: input_ids must be B x T and labels the same shape, "
+                               f"got {tuple(input_ids.shape)} and "
+                               f"{None if labels is None else tuple(labels.shape)}")
         B, T = input_ids.shape
         if T > self.cfg.max_seq:
             raise OutcoreError(f"sequence length {T} exceeds the model's max_seq "
