@@ -90,6 +90,17 @@ def test_runlog_resume_over_a_csv_with_other_columns(tmp_path):
     assert [(r["step"], r["loss"]) for r in rows] == [("1", "2.0"), ("2", "1.5"), ("3", "0.5")]
 
 
+def test_runlog_rows_reach_the_files_as_they_are_written(tmp_path):
+    """A run without checkpoints flushed its log only at the end: `tail -f` showed nothing,
+    and a crash lost every row still in the 8 KiB buffers."""
+    log = RunLog(tmp_path, tensorboard=False)
+    log.write({"step": 1, "loss": 1.0})
+    assert _strict((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])["loss"] == 1.0
+    with open(tmp_path / "metrics.csv", newline="") as f:
+        assert [r["loss"] for r in csv.DictReader(f)] == ["1.0"]
+    log.close()
+
+
 def test_runlog_close_twice_is_harmless(tmp_path):
     log = RunLog(tmp_path, tensorboard=False)
     log.write({"step": 1, "loss": 1.0})

@@ -34,8 +34,10 @@ class RunLog:
             out_dir.mkdir(parents=True, exist_ok=True)
             self._truncate(resume_step)
             new_csv = not self.csv.exists()
-            self._jf = open(self.jsonl, "a")
-            self._cf = open(self.csv, "a", newline="")
+            # line-buffered: each row reaches the file as it is written (tail -f, a crash),
+            # not 8 KiB later or only at the next checkpoint's flush
+            self._jf = open(self.jsonl, "a", buffering=1)
+            self._cf = open(self.csv, "a", newline="", buffering=1)
         except OSError as e:
             for f in (self._jf, self._cf):
                 if f is not None:

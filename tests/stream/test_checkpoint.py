@@ -55,6 +55,56 @@ def test_save_is_atomic(tmp_path, monkeypatch):
     eng.close()
 
 
+def test_a_crash_between_the_renames_names_the_checkpoint_before_it(tmp_path, monkeypatch):
+    """save over a checkpoint renames it aside, then the new one in: a crash in between
+    left no checkpoint at the path, and load said only "not an outcore checkpoint"."""
+    import os
+    eng = outcore.Engine(make("decoder"), device="cpu")
+    eng.train_step(batch_for("decoder", torch.Generator().manual_seed(0)))
+    eng.save(tmp_path / "ck")
+    real = os.replace
+
+    def crash_second(src, dst):
+        if ".tmp-" in str(src):
+            raise KeyboardInterrupt   # the process dies here
+        return real(src, dst)
+    monkeypatch.setattr(os, "replace", crash_second)
+    with pytest.raises(KeyboardInterrupt):
+        eng.save(tmp_path / "ck")
+    monkeypatch.undo()
+    eng.close()
+    (old,) = [p for p in tmp_path.iterdir() if p.name.startswith(".ck.old-")]
+    with pytest.raises(outcore.OutcoreError, match=f"is missing.*{old.name}.*rename"):
+        outcore.Engine.load(tmp_path / "ck", make("decoder"), device="cpu")
+    old.rename(tmp_path / "ck")
+    again = outcore.Engine.load(tmp_path / "ck", make("decoder"), device="cpu")
+    assert again.step_count == 1
+    again.close()
+
+
+def test_save_flushes_the_directory_holding_the_renames(tmp_path, monkeypatch):
+    """The renames are entries of the parent directory: without its fsync a power loss
+    could undo them after save returned."""
+    import os
+    opened, synced = {}, []
+    real_open, real_fsync = os.open, os.fsync
+
+    def spy_open(p, flags, *a, **k):
+        fd = real_open(p, flags, *a, **k)
+        opened[fd] = os.path.abspath(p)
+        return fd
+
+    def spy_fsync(fd):
+        synced.append(opened.get(fd))
+        return real_fsync(fd)
+    monkeypatch.setattr(os, "open", spy_open)
+    monkeypatch.setattr(os, "fsync", spy_fsync)
+    eng = outcore.Engine(make("decoder"), device="cpu")
+    eng.save(tmp_path / "ck")
+    eng.close()
+    assert str(tmp_path) in synced, synced
+
+
 def test_load_rejects_other_architecture(tmp_path):
     eng = outcore.Engine(make("decoder"), device="cpu")
     eng.save(tmp_path / "ck")

@@ -11,6 +11,7 @@ Layout of PATH/:
 from __future__ import annotations
 
 import dataclasses
+import glob
 import json
 import os
 import shutil
@@ -47,11 +48,26 @@ def atomic_dir(path: Path, write) -> None:
             old = path.parent / f".{path.name}.old-{os.getpid()}"
             os.replace(path, old)
         os.replace(tmp, path)
+        _fsync_dir(path.parent)   # the renames themselves survive a power loss
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def _fsync_dir(d: Path) -> None:
+    """Flush a directory's entries (POSIX; elsewhere a directory cannot be opened so)."""
+    try:
+        fd = os.open(d, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:   # some filesystems refuse fsync on a directory: nothing to flush then
+        pass
+    finally:
+        os.close(fd)
 
 
 def _check_target(path) -> Path:
@@ -111,6 +127,13 @@ def save(engine, path) -> None:
 def read_state(path: Path) -> dict:
     """A checkpoint's state.json as a dict (this engine's or parallel/checkpoint.py's), or
     a one-line error: not a checkpoint, or damaged."""
+    if not path.exists():
+        left = (sorted(path.parent.glob(f".{glob.escape(path.name)}.old-*"))
+                if path.parent.is_dir() else [])
+        if left:   # atomic_dir's crash window: after the first rename, before the second
+            raise OutcoreError(f"{path} is missing: a save over it was interrupted, and the "
+                               f"checkpoint before that save is {left[-1]}: rename that "
+                               f"directory to {path.name} and load again")
     if not (path / "state.json").is_file():
         raise OutcoreError(f"{path} is not an outcore checkpoint (no state.json): pass the "
                            "directory written by engine.save")
