@@ -889,6 +889,12 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
                                 "outcore,pytorch")),
                    (220, PY + [B + "stream.py", "--cases", "", "--skip-tests", "--timeout",
                                "180", "--out", "stream-h200-s41-largest"])],
+    # nvidia-h200 (session 41): after session 41's changes (DecoderConfig's and Decoder's
+    # checks, parallel's agreement on non-finite groups and batches, checkpoints' directory
+    # fsync): the stream GPU tests and the user's commands on the GPU
+    "s41-final": [(220, PY + ["-m", "pytest", "-q", "-rs", "-p", "no:warnings",
+                              "tests/stream/test_gpu.py"]),
+                  (280, PY + [B + "cli_gpu.py", "--out", "cli-h200-s41"])],
     # nvidia-h200 (written in session 25): tf32x3's error on Gram matrices by BIG_CHUNK
     "s26-gram": [(120, PY + [B + "diag/x3_gram.py"])],
     # nvidia-h200 (session 22): 3b-16k outcore alone, 8 measured steps each: the balance
