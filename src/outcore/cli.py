@@ -50,6 +50,8 @@ def _train_parser(sub) -> None:
                    default=None, help="over a config file's compile_kernels = true")
     p.add_argument("--output-dir")
     p.add_argument("--resume", action="store_true", default=None)
+    p.add_argument("--no-resume", dest="resume", action="store_false", default=None,
+                   help="over a config file's resume = true")
     p.add_argument("--device", help="auto (default), cpu, cuda or cuda:N")
     p.add_argument("--gpu-memory", help="device memory budget, e.g. 24GiB")
     p.add_argument("--compute-dtype", choices=["auto", "float32", "bfloat16", "tf32"])

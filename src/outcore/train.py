@@ -27,7 +27,7 @@ from .data import (ByteTokenizer, PackedTokens, read_documents, stdlib_corpus,
 from .errors import OutcoreError
 from .hf import is_hf_dir, lazy_hf
 from .memory import host_peak_rss_bytes
-from .models import SIZES, decoder
+from .models import SIZES, decoder, kernels
 from .stream import AdamW, Engine
 from .units import fmt_bytes, parse_bytes
 
@@ -151,7 +151,8 @@ def generate(model, tokenizer, prompt: str, n: int, temperature: float = 0.8) ->
     g = torch.Generator().manual_seed(0)
     max_seq = getattr(getattr(model, "cfg", None), "max_seq", 1024)
     for _ in range(n):
-        out = model(input_ids=ids[:, -max_seq:])
+        with kernels.eager():   # a new length each token: no compile per length
+            out = model(input_ids=ids[:, -max_seq:])
         logits = out.logits[0, -1].float() / temperature
         if not bool(torch.isfinite(logits).all()):
             return None

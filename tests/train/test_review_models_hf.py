@@ -1,6 +1,7 @@
 """Review of the reference decoder and the Hugging Face interop: numerics against
 transformers' Llama, configs refused in one line, checkpoints transformers renames or merges."""
 
+import importlib
 import json
 
 import pytest
@@ -142,3 +143,27 @@ def test_pad_id_outside_vocab_is_one_line(tmp_path):
                    num_attention_heads=4, pad_token_id=300).save_pretrained(str(tmp_path))
     with pytest.raises(OutcoreError, match="config.json does not build a model"):
         empty_model(str(tmp_path))
+
+
+def test_sampling_a_compiled_model_compiles_nothing(monkeypatch):
+    """train's sample grows the sequence a token at a time: with compiled kernels
+    (dynamic=False) each length was a new compile, seconds a token and torch's recompile
+    warnings after a CPU run with --compile-kernels. It runs the eager functions."""
+    from outcore import train
+    from outcore.data import ByteTokenizer
+    from outcore.models import kernels
+    # the module (the package's `decoder` attribute is the function of that name)
+    decoder_module = importlib.import_module("outcore.models.decoder")
+
+    def no_compile(*a, **k):
+        raise AssertionError("torch.compile called while sampling")
+    monkeypatch.setattr(kernels.torch, "compile", no_compile)
+    # fresh lazily-compiled kernels: other tests may have compiled the shared ones already
+    monkeypatch.setattr(decoder_module, "_KERNELS", {c: kernels.Kernels(compiled=c)
+                                                     for c in (False, True)})
+    torch.manual_seed(0)
+    model = decoder("tiny", layers=1, compiled=True)
+    text = train.generate(model, ByteTokenizer(), "def ", 4)
+    assert isinstance(text, str) and text.startswith("def ")
+    with pytest.raises(AssertionError, match="torch.compile called"):
+        model(input_ids=torch.zeros(1, 4, dtype=torch.long))   # outside: compiled as before

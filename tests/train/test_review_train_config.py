@@ -117,7 +117,8 @@ def test_flags_that_are_not_config_keys_say_so(tmp_path, key, flag):
 @pytest.mark.parametrize("key,flag,value", [("tensorboard", "--tensorboard", True),
                                             ("skip_nonfinite", "--skip-nonfinite", True),
                                             ("keep_weights", "--keep-weights", True),
-                                            ("compile_kernels", "--no-compile-kernels", False)])
+                                            ("compile_kernels", "--no-compile-kernels", False),
+                                            ("resume", "--no-resume", False)])
 def test_a_flag_switches_back_what_a_config_file_switched(tmp_path, key, flag, value):
     """Flags win over the file: each on/off setting has both flags (a file's
     `tensorboard = false` could not be turned back on from the command line)."""

@@ -52,7 +52,8 @@ def register(sub) -> None:
     t.add_argument("--q", type=float, default=1.0)
     t.add_argument("--directed", action="store_true")
     t.add_argument("--partitions", type=int)
-    t.add_argument("--devices", help="cpu, cuda:0,cuda:1, or a GPU count (default cuda:0)")
+    t.add_argument("--devices", help="cpu, cuda:0,cuda:1, or a GPU count (default cuda:0, or "
+                   "the CPU without a GPU)")
     t.add_argument("--gpu-memory", help="device memory for the table per device, e.g. 8GiB")
     t.add_argument("--table-path", help="memory-mapped table file (tables larger than RAM)")
     t.add_argument("--num-nodes", type=int)

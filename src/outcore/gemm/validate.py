@@ -158,7 +158,7 @@ def resolve_devices(devices) -> list[torch.device]:
                 dev = torch.device("cuda", 0)
             if dev.index >= n_gpu:
                 raise OutcoreError(f"device {dev} does not exist ({n_gpu} GPU(s) visible): pick "
-                                   "one of them or devices=None")
+                                   "one of them, or leave devices out (every GPU, else the CPU)")
             if dev in out:
                 raise OutcoreError(f"device {dev} is listed twice: list each GPU once")
         elif dev.type != "cpu":

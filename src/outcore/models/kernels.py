@@ -11,12 +11,28 @@ eager functions up to the order of floating-point operations.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import torch
 import torch.nn.functional as F
 
 from ..errors import OutcoreError
 
 BACKEND = "inductor"   # torch.compile's backend (tests swap in a failing one)
+_EAGER = False         # set by eager(): compiled kernels run their eager functions
+
+
+@contextmanager
+def eager():
+    """Compiled kernels run as the eager functions inside: for work whose shapes change
+    each call (sampling one token at a time), where compiling each new shape (dynamic=False)
+    cost seconds a token and torch's recompile-limit warnings."""
+    global _EAGER
+    was, _EAGER = _EAGER, True
+    try:
+        yield
+    finally:
+        _EAGER = was
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -64,6 +80,8 @@ def _lazy_compile(fn):
 
     def call(*args):
         nonlocal compiled
+        if _EAGER:
+            return fn(*args)
         if compiled is None:
             # dynamic=False: the shapes are fixed within a run (a recompile per new shape
             # is cheaper than symbolic shapes' slower kernels)
