@@ -225,8 +225,6 @@ class ShardedEngine(Engine):
     def grad_ready(self, g: int, grad: torch.Tensor, w32=None, ring_i=None) -> None:
         # grad: P_g, this rank's part -> P_g / N: every rank's part of this rank's slice.
         part = self.comm.reduce_scatter(grad)
-        if self.world > 1 and not self.hold_updates:
-            self._agree_nonfinite(part)
         if ring_i is not None and part.untyped_storage().data_ptr() == \
                 grad.untyped_storage().data_ptr():
             # `part` is (a view of) the ring buffer itself (one rank, or gloo's all-reduce):
@@ -239,18 +237,17 @@ class ShardedEngine(Engine):
             self.grad_ring.give(ring_i, self.lanes.event())
         super().grad_ready(g, part, w32)
 
-    def _agree_nonfinite(self, part: torch.Tensor) -> None:
-        """Without held updates a group whose gradient is not finite is skipped, judged on
-        the rank's own slice (flow.nonfinite_check): a NaN in one slice left the other
-        ranks' slices of the group updated. One scalar all-reduce of the slices' squared
-        norms (on the device with NCCL: no host sync) and, where the sum is not finite,
-        this slice's first element made NaN (x + (s - s): + 0 for a finite s), so every
-        rank skips the whole group, as one process does."""
-        if not part.numel():
-            return
-        sq = torch.linalg.vector_norm(part, dtype=torch.float32).square().reshape(1)
-        self.comm.sum_(sq)
-        part.view(-1)[:1].add_((sq - sq).to(part.dtype))
+    def _group_sq(self, grad: torch.Tensor) -> torch.Tensor:
+        """Without held updates a group whose squared norm is not finite is skipped
+        (flow.nonfinite_check); judged on this rank's slice alone, a NaN in one slice left
+        the other ranks' slices of the group updated. So the slices' squared norms are
+        summed over the ranks (one scalar all-reduce, on the device with NCCL: no host
+        sync) and every rank skips the whole group, as one process does. With held
+        updates each slice's own goes into the global norm (_global_norm sums them)."""
+        sq = super()._group_sq(grad)
+        if self.world > 1 and not self.hold_updates:
+            self.comm.sum_(sq)
+        return sq
 
     def _global_norm(self) -> float:
         local = torch.stack([s.to(self.device) for s in self._sq]).sum().reshape(1)

@@ -153,8 +153,7 @@ class StepFlow:
         w32: the fp32 weights of g on the device (its slot; `rest`'s buffer for g=0).
         ring_i: the grad_ring buffer holding `grad` (None: an ordinary allocation).
         """
-        # no gradient-sized temporary; fp32 accumulation also for a bf16 gradient
-        sq = torch.linalg.vector_norm(grad, dtype=torch.float32).square().reshape(1)
+        sq = self._group_sq(grad)
         self._sq.append(sq)
         if g in self.updater.groups:
             done = self.updater.update(g, w32, grad, sq, keep_grad=ring_i is not None)
@@ -194,6 +193,12 @@ class StepFlow:
         self.cache.invalidate(g)
         if not self.deferred.hold(g, (hbuf, hsq, done)):   # else: updated by its next load
             self.schedule.submit(g, (hbuf, hsq, done))
+
+    def _group_sq(self, grad: torch.Tensor) -> torch.Tensor:
+        """grad's squared norm (shape 1, on grad's device): what clipping sums and what
+        nonfinite_check judges the group by."""
+        # no gradient-sized temporary; fp32 accumulation also for a bf16 gradient
+        return torch.linalg.vector_norm(grad, dtype=torch.float32).square().reshape(1)
 
     def nonfinite_check(self, g: int, sq: torch.Tensor) -> bool:
         ok = bool(torch.isfinite(sq).all())
