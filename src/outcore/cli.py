@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 
 from .errors import OutcoreError
@@ -88,8 +89,11 @@ def _run_train(args) -> int:
     from . import config, train
     from .parallel.launch import init_distributed, relaunch, shutdown, under_torchrun
     flags = {k: v for k, v in vars(args).items()
-             if k not in ("func", "config", "command", "nproc", "argv")}
+             if k not in ("func", "config", "command", "nproc", "argv", "flag_names")}
     file_values = config.load_toml(args.config) if args.config else {}
+    for key in file_values:   # errors keep a file's spelling for the keys it set and no
+        if flags.get(key) is None:   # flag overrode (as_flags)
+            args.flag_names.pop(key, None)
     cfg = config.build(file_values, flags)   # config mistakes: one line, before any rank
     if args.nproc and args.nproc > 1 and not under_torchrun():
         if cfg.batch_size * cfg.grad_accum < args.nproc:   # else every rank fails at step 1
@@ -111,6 +115,41 @@ def _run_train(args) -> int:
         shutdown()
     sig = summary.get("stopped_by_signal")
     return 128 + sig if sig else 0  # the shell's convention for "ended by a signal"
+
+
+def _flag_names(parser: argparse.ArgumentParser, args) -> dict[str, str]:
+    """{dest: its flag} for the options of the subcommand that ran (--tensorboard for
+    `tensorboard`, not --no-tensorboard)."""
+    sub = next((a.choices.get(args.command) for a in parser._actions
+                if isinstance(a, argparse._SubParsersAction)), None)
+    names: dict[str, str] = {}
+    for action in sub._actions if sub is not None else ():
+        longs = [o for o in action.option_strings if o.startswith("--")]
+        plain = [o for o in longs if not o.startswith("--no-")] or longs
+        if plain and action.dest not in names:
+            names[action.dest] = plain[0]
+    return names
+
+
+def as_flags(message: str, names: dict[str, str]) -> str:
+    """The Python spelling that the engine's and the configs' errors use (`device='cpu'`,
+    `gpu_memory=1.0 KiB`, `raise gpu_memory`) as the flag a command-line user types
+    (`--device cpu`, `--gpu-memory 1.0 KiB`, `raise --gpu-memory`)."""
+    if not names:
+        return message
+    keys = "|".join(sorted(map(re.escape, names), key=len, reverse=True))
+    value = r"(?:'([^']*)'|(\[[^\]]*\]|[^\s,;)]+))"
+
+    def flag(m: re.Match) -> str:
+        val = m.group(2) if m.group(2) is not None else m.group(3)
+        return f"{names[m.group(1)]} {val}"
+    message = re.sub(rf"(?<![\w.\-])({keys})={value}", flag, message)
+    # a bare name ("raise gpu_memory"), only where it cannot be an English word
+    under = "|".join(re.escape(k) for k in names if "_" in k)
+    if under:
+        message = re.sub(rf"(?<![\w.\-'])({under})(?![\w=('])",
+                         lambda m: names[m.group(1)], message)
+    return message
 
 
 def _say(line: str) -> None:
@@ -157,6 +196,7 @@ def main(argv: list[str] | None = None) -> int:
         argv = ["train"]  # no arguments: the demo
     args = parser.parse_args(argv)
     args.argv = argv
+    args.flag_names = _flag_names(parser, args)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
@@ -170,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 128 + 13   # the shell's code for SIGPIPE
     except OutcoreError as e:
-        _say(f"outcore: error: {e}")
+        _say(f"outcore: error: {as_flags(str(e), args.flag_names)}")
         return 2
     except KeyboardInterrupt:
         _say("outcore: interrupted")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import os
 import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -72,6 +73,8 @@ class TrainConfig:
             v = getattr(self, name)
             if isinstance(v, str) and not v.strip():
                 raise OutcoreError(f"{name}={v!r} is empty: {fix}")
+            if isinstance(v, str) and v.startswith("~"):   # a file's or a quoted path: the
+                setattr(self, name, os.path.expanduser(v))   # shell's meaning of ~
         # torch.manual_seed takes 64 bits (negative ones as their two's complement)
         if not -(1 << 63) <= self.seed < (1 << 64):
             raise OutcoreError(f"seed={self.seed} does not fit in 64 bits: pass a seed in "

@@ -10,6 +10,8 @@ tensor at a time (peak = the fp32 model + one tensor).
 from __future__ import annotations
 
 import json
+import re
+import sys
 from pathlib import Path
 
 import torch
@@ -19,8 +21,14 @@ from .errors import OutcoreError
 from .meta import meta_parameters  # noqa: F401  (also outcore.hf.meta_parameters)
 
 
+def _local(path: str | Path) -> Path:
+    """The checkpoint directory as given, `~` expanded (a path from a TOML file or a
+    quoted argument reaches here unexpanded by the shell)."""
+    return Path(path).expanduser()
+
+
 def is_hf_dir(path: str) -> bool:
-    return Path(path).is_dir() and (Path(path) / "config.json").is_file()
+    return _local(path).is_dir() and (_local(path) / "config.json").is_file()
 
 
 def _transformers():
@@ -33,7 +41,7 @@ def _transformers():
 
 
 def shard_files(path: str | Path) -> list[Path]:
-    p = Path(path)
+    p = _local(path)
     index = p / "model.safetensors.index.json"
     if index.is_file():
         try:
@@ -43,6 +51,8 @@ def shard_files(path: str | Path) -> list[Path]:
                                f"weight_map: {type(e).__name__}): is the checkpoint "
                                "complete?") from None
         return [p / n for n in names]
+    if (p / "model.safetensors").is_file():   # transformers' rule without an index: other
+        return [p / "model.safetensors"]      # files there (an adapter, a copy) are not read
     return sorted(p.glob("*.safetensors"))
 
 
@@ -57,7 +67,7 @@ def hf_config(path: str):
     tf = _transformers()
     try:
         # trust_remote_code=False: no prompt on stdin, no code from the checkpoint is run
-        return tf.AutoConfig.from_pretrained(path, local_files_only=True,
+        return tf.AutoConfig.from_pretrained(str(_local(path)), local_files_only=True,
                                              trust_remote_code=False)
     except (OSError, ValueError, *_STRICT) as e:
         if "trust_remote_code" in str(e):
@@ -104,10 +114,10 @@ def lazy_hf(path: str):
     shards = _shards(path)
     model = empty_model(path)
     init = SafetensorsInit(model, shards, path)
-    if (Path(path) / "generation_config.json").is_file():   # kept in the checkpoints saved
+    if (_local(path) / "generation_config.json").is_file():   # kept in the checkpoints saved
         try:
             model.generation_config = _transformers().GenerationConfig.from_pretrained(
-                path, local_files_only=True)
+                str(_local(path)), local_files_only=True)
         except (OSError, ValueError) as e:
             raise OutcoreError(f"--model {path}: generation_config.json does not load "
                                f"({str(e).splitlines()[0]})") from None
@@ -127,11 +137,18 @@ class SafetensorsInit:
         for shard in shards:
             try:
                 with safe_open(str(shard), framework="pt") as f:
-                    where.update({k: shard for k in f.keys()})
+                    keys = list(f.keys())
             except Exception as e:   # SafetensorError: a truncated or damaged file
                 why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
                 raise OutcoreError(f"--model {path}: {shard.name} is not a readable "
                                    f"safetensors file ({why}): is it complete?") from None
+            twice = next((k for k in keys if k in where), None)
+            if twice is not None:   # else one file's tensor silently wins
+                raise OutcoreError(f"--model {path}: tensor {twice!r} is in both "
+                                   f"{where[twice].name} and {shard.name}: remove the file "
+                                   "that is not part of the checkpoint, or add its "
+                                   "model.safetensors.index.json")
+            where.update({k: shard for k in keys})
         rename, merges = _key_renames(model)
         named = {rename(k): k for k in sorted(where)}   # the model's name -> checkpoint key
         aliases: dict[int, list[str]] = {}
@@ -157,6 +174,8 @@ class SafetensorsInit:
         if missing:
             raise OutcoreError(f"--model {path}: the safetensors files lack {len(missing)} "
                                f"parameters (first: {missing[0]}): is the checkpoint complete?")
+        used = {k for k, _ in self.key.values()}
+        _say_unused(model, path, {n: k for n, k in named.items() if k not in used})
         self._files: dict[Path, object] = {}
 
     def __call__(self, name: str, t: torch.Tensor) -> None:
@@ -169,6 +188,31 @@ class SafetensorsInit:
                                f"config says {tuple(t.shape)}: config.json and weights "
                                "disagree")
         t.copy_(src)
+
+
+# buffers that older checkpoints hold and models now rebuild at load (rotary frequencies,
+# GPT-2's masked_bias), wherever the layer keeps them
+_RECOMPUTED = (".inv_freq", ".masked_bias")
+
+
+def _say_unused(model: nn.Module, path: str, unused: dict[str, str]) -> None:
+    """One line on stderr for checkpoint tensors no parameter takes (a head the model
+    lacks, another architecture's weights), as transformers warns; not for the keys the
+    model class says to ignore, nor its buffers (recomputed at build, e.g. rotary tables).
+    `unused`: {the name transformers gives the tensor: its checkpoint key}."""
+    ignore = [re.compile(r) for r in getattr(model, "_keys_to_ignore_on_load_unexpected",
+                                             None) or ()]
+    buffers = {n for n, _ in model.named_buffers()}
+    prefix = getattr(model, "base_model_prefix", "") + "."
+    left = sorted(k for n, k in unused.items() if n not in buffers and prefix + n not in
+                  buffers and not n.endswith(_RECOMPUTED)
+                  and not any(r.search(n) or r.search(k) for r in ignore))
+    rank0 = not (torch.distributed.is_available() and torch.distributed.is_initialized()
+                 and torch.distributed.get_rank() != 0)
+    if left and rank0:
+        print(f"outcore: --model {path}: {len(left)} checkpoint tensor(s) match no parameter "
+              f"of {type(model).__name__} and are not loaded (first: {left[0]})",
+              file=sys.stderr)
 
 
 def _key_renames(model: nn.Module):
@@ -216,10 +260,10 @@ def load_tokenizer(path: str):
     tf = _transformers()
     hf_config(path)   # a bad config.json said as such, not as a tokenizer failure or traceback
     try:
-        tok = tf.AutoTokenizer.from_pretrained(path, local_files_only=True,
+        tok = tf.AutoTokenizer.from_pretrained(str(_local(path)), local_files_only=True,
                                                trust_remote_code=False)
     except (OSError, ValueError, TypeError) as e:
-        if any((Path(path) / n).is_file() for n in TOKENIZER_FILES):
+        if any((_local(path) / n).is_file() for n in TOKENIZER_FILES):
             why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise OutcoreError(f"--model {path}: its tokenizer files do not load ({why}): "
                                "are they complete?") from None

@@ -74,7 +74,7 @@ def test_a_seed_out_of_64_bits_is_one_line(seed, tmp_path, capsys):
     rc = main(["train", "--model", "tiny", "--device", "cpu", "--seed", str(seed),
                "--output-dir", str(tmp_path / "o")])
     err = capsys.readouterr().err.strip()
-    assert rc == 2 and "seed=" in err and len(err.splitlines()) == 1, err
+    assert rc == 2 and "--seed " in err and len(err.splitlines()) == 1, err
 
 
 def test_a_negative_max_grad_norm_is_refused_not_taken_as_no_clipping():

@@ -124,7 +124,9 @@ def run(args) -> int:
     try:
         return _run(args)
     except (OutcoreError, TypeError, OSError) as e:
-        print(f"outcore gemm: error: {e}", file=sys.stderr)
+        from ..cli import as_flags   # matmul's tile=... as --tile ...
+        print(f"outcore gemm: error: {as_flags(str(e), getattr(args, 'flag_names', {}))}",
+              file=sys.stderr)
         return 2
 
 

@@ -1,0 +1,59 @@
+"""Errors through the command line name its flags (--device cpu), not the Python API's
+keywords (device='cpu'); a key a --config file set keeps the file's spelling."""
+
+import torch
+
+from outcore.cli import as_flags, main
+
+
+def _err(capsys) -> str:
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    return err
+
+
+def test_engine_errors_name_the_flags(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert main(["train", "--model", "tiny", "--device", "cuda", "--output-dir",
+                 str(tmp_path / "o")]) == 2
+    err = _err(capsys)
+    assert "--device cuda but CUDA is not available" in err and "use --device cpu" in err
+    assert "device=" not in err
+    assert main(["train", "--model", "tiny", "--device", "cpu", "--gpu-memory", "1KiB",
+                 "--output-dir", str(tmp_path / "o")]) == 2
+    err = _err(capsys)
+    assert "gpu_memory" not in err and "--gpu-memory" in err, err
+
+
+def test_a_config_files_key_keeps_its_spelling(tmp_path, capsys):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("[train]\nmicro_batch_size = 0\n")
+    assert main(["train", "--config", str(cfg)]) == 2
+    assert "micro_batch_size=0 must be >= 1" in _err(capsys)
+    # the flag over the file: the flag's spelling
+    assert main(["train", "--config", str(cfg), "--micro-batch-size", "-2"]) == 2
+    assert "--micro-batch-size -2 must be >= 1" in _err(capsys)
+
+
+def test_gemm_and_embed_errors_name_their_flags(tmp_path, capsys):
+    assert main(["gemm", "--m", "8", "--n", "8", "--k", "8", "--devices", "cpu",
+                 "--tile", "0"]) == 2
+    assert "--tile 0 is not valid" in _err(capsys)
+    edges = tmp_path / "e.txt"
+    edges.write_text("0 1\n1 2\n")
+    assert main(["embed", str(edges), "--chunk-size", "0", "--out",
+                 str(tmp_path / "o.npy")]) == 2
+    assert "--chunk-size 0 must be" in _err(capsys)
+
+
+def test_rewrite_leaves_words_and_other_names_alone():
+    names = {"device": "--device", "gpu_memory": "--gpu-memory", "eval_edges": "--edges"}
+    assert as_flags("device='cuda:1' but only 1 GPU(s) exist", names) == \
+        "--device cuda:1 but only 1 GPU(s) exist"
+    assert as_flags("the device is busy; raise gpu_memory", names) == \
+        "the device is busy; raise --gpu-memory"
+    assert as_flags("engine.gpu_memory=5 and my_device=3", names) == \
+        "engine.gpu_memory=5 and my_device=3"
+    assert as_flags("eval_edges=['a', 'b'] unread", names) == "--edges ['a', 'b'] unread"
+    assert as_flags("gpu_memory=1.0 KiB: too small", names) == "--gpu-memory 1.0 KiB: too small"
+    assert as_flags("device='cpu'", {}) == "device='cpu'"
