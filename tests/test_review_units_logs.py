@@ -90,6 +90,27 @@ def test_runlog_resume_over_a_csv_with_other_columns(tmp_path):
     assert [(r["step"], r["loss"]) for r in rows] == [("1", "2.0"), ("2", "1.5"), ("3", "0.5")]
 
 
+def test_runlog_a_key_added_mid_run_becomes_a_csv_column(tmp_path):
+    """A caller's own metric from step 2 on: the JSONL had it, the CSV dropped it."""
+    log = RunLog(tmp_path, tensorboard=False)
+    log.write({"step": 1, "loss": 2.0})
+    log.write({"step": 2, "loss": 1.5, "val_loss": 1.7})
+    log.write({"step": 3, "loss": 1.0, "val_loss": 1.2})
+    log.close()
+    with open(tmp_path / "metrics.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["step"], r["loss"], r["val_loss"]) for r in rows] == [
+        ("1", "2.0", ""), ("2", "1.5", "1.7"), ("3", "1.0", "1.2")]
+    assert not list(tmp_path.glob("*.tmp"))
+    # a resume keeps the column and its values up to the resumed step
+    log = RunLog(tmp_path, resume_step=2, tensorboard=False)
+    log.write({"step": 3, "loss": 0.9, "val_loss": 1.1})
+    log.close()
+    with open(tmp_path / "metrics.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["step"], r["val_loss"]) for r in rows] == [("1", ""), ("2", "1.7"), ("3", "1.1")]
+
+
 def test_runlog_rows_reach_the_files_as_they_are_written(tmp_path):
     """A run without checkpoints flushed its log only at the end: `tail -f` showed nothing,
     and a crash lost every row still in the 8 KiB buffers."""

@@ -22,7 +22,8 @@ COLUMNS = ["step", "loss", "lr", "grad_norm", "skipped", "tokens_per_s", "mfu", 
 
 
 class RunLog:
-    """write(row) with row keys from COLUMNS; `step` is 1-based (steps done)."""
+    """write(row) with row keys from COLUMNS (and any others: each a new CSV column);
+    `step` is 1-based (steps done)."""
 
     def __init__(self, out_dir: Path, resume_step: int = 0, tensorboard: bool = True):
         out_dir = Path(out_dir)
@@ -46,7 +47,7 @@ class RunLog:
             raise OutcoreError(f"cannot write the run log in {out_dir} ({where}: "
                                f"{e.strerror or e}): give a writable output directory, or "
                                "remove what is in the way there") from None
-        self._cw = csv.DictWriter(self._cf, fieldnames=COLUMNS, extrasaction="ignore")
+        self._cw = csv.DictWriter(self._cf, fieldnames=self._fields, extrasaction="ignore")
         if new_csv:
             self._cw.writeheader()
         self.tb = None
@@ -62,19 +63,30 @@ class RunLog:
 
     def _truncate(self, step: int) -> None:
         # A row that does not parse (a line cut by a crash, a second header) is dropped.
+        self._fields = list(COLUMNS)
         if self.jsonl.exists():
             keep = [ln for ln in self.jsonl.read_text().splitlines()
                     if _upto(_json(ln), step)]
             self.jsonl.write_text("".join(ln + "\n" for ln in keep))
         if self.csv.exists():
             with open(self.csv, newline="") as f:
-                rows = [r for r in csv.DictReader(f) if _upto(r, step)]
-            with open(self.csv, "w", newline="") as f:
-                # ignore: columns of another version's header, and the surplus cells of a
-                # row longer than the header (DictReader files them under the key None)
-                w = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
-                w.writeheader()
-                w.writerows(rows)
+                reader = csv.DictReader(f)
+                rows = [r for r in reader if _upto(r, step)]
+            # columns a run added (RunLog.write's new keys) stay; other versions' too
+            self._fields += [c for c in reader.fieldnames or () if c not in self._fields]
+            self._rewrite_csv(rows)
+
+    def _rewrite_csv(self, rows: list[dict]) -> None:
+        """metrics.csv as `rows` under self._fields, through a temporary file and a rename
+        (a crash leaves the old file or the new one, never half of one)."""
+        tmp = self.csv.with_name(self.csv.name + ".tmp")
+        with open(tmp, "w", newline="") as f:
+            # ignore: the surplus cells of a row longer than the header (DictReader files
+            # them under the key None)
+            w = csv.DictWriter(f, fieldnames=self._fields, extrasaction="ignore")
+            w.writeheader()
+            w.writerows(rows)
+        tmp.replace(self.csv)
 
     def write(self, row: dict) -> None:
         # NaN/inf (a skipped step's gradient norm) as null / an empty cell: json.dumps would
@@ -82,11 +94,25 @@ class RunLog:
         row = {k: None if isinstance(v, float) and not math.isfinite(v) else v
                for k, v in row.items()}
         self._jf.write(json.dumps(row) + "\n")
+        new = [k for k in row if k not in self._fields]
+        if new:
+            self._widen(new)
         self._cw.writerow(row)
         if self.tb is not None:
             for k, v in row.items():
                 if k != "step" and isinstance(v, (int, float)) and v is not None:
                     self.tb.add_scalar(f"train/{k}", v, row["step"])
+
+    def _widen(self, keys: list[str]) -> None:
+        """A key no row had before (a caller's own metric): metrics.csv is rewritten with
+        it as a new column, empty in the earlier rows, as the JSONL has it from here on."""
+        self._cf.close()
+        with open(self.csv, newline="") as f:
+            rows = list(csv.DictReader(f))
+        self._fields += keys
+        self._rewrite_csv(rows)
+        self._cf = open(self.csv, "a", newline="", buffering=1)
+        self._cw = csv.DictWriter(self._cf, fieldnames=self._fields, extrasaction="ignore")
 
     def flush(self) -> None:
         if self._closed:
