@@ -895,6 +895,14 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
     "s41-final": [(220, PY + ["-m", "pytest", "-q", "-rs", "-p", "no:warnings",
                               "tests/stream/test_gpu.py"]),
                   (280, PY + [B + "cli_gpu.py", "--out", "cli-h200-s41"])],
+    # nvidia-h200 (session 42): s41-final's commands at HEAD, after session 42's changes
+    # (CLI errors in flag spelling, the HF loader's file and tensor matching, new CSV columns)
+    "s42-final": [(220, PY + ["-m", "pytest", "-q", "-rs", "-p", "no:warnings",
+                              "tests/stream/test_gpu.py"]),
+                  (280, PY + [B + "cli_gpu.py", "--out", "cli-h200-s42"])],
+    # nvidia-h200 (session 42): 3b-16k with its peers at HEAD (the FSDP2 margin: 2.29x in
+    # the record, 2.19x in session 40)
+    "s42-3b16k": [(570, record("3b-16k", "stream-h200-s42-3b16k", 185))],
     # nvidia-h200 (written in session 25): tf32x3's error on Gram matrices by BIG_CHUNK
     "s26-gram": [(120, PY + [B + "diag/x3_gram.py"])],
     # nvidia-h200 (session 22): 3b-16k outcore alone, 8 measured steps each: the balance
