@@ -1,11 +1,12 @@
 """Saved-activation swapping: autograd's saved tensors to pinned host memory and back.
 
 pack (forward, once per tensor autograd saves): parameters, small tensors (< min_swap_bytes),
-strided views and what the budget can hold (policy.py) stay as they are. The rest is
-copied on the d2h stream into a run of the HostStore; the device tensor is let go once that
-copy is done. A tensor saved twice (a ReLU output is saved by the ReLU and by the next
-conv) is copied once: packs are deduplicated by (address, dtype, shape, strides, version)
-while the first saved tensor object is alive (so the address cannot have been reused).
+strided views, sparse, nested or subclass tensors and what the budget can hold (policy.py)
+stay as they are. The rest is copied on the d2h stream into a run of the HostStore; the
+device tensor is let go once that copy is done. A tensor saved twice (a ReLU output is
+saved by the ReLU and by the next conv) is copied once: packs are deduplicated by (address,
+dtype, shape, strides, version, conj and neg bits) while the first saved tensor object is
+alive (so the address cannot have been reused).
 
 unpack (backward): the handle is fetched back if it is not on the device yet, and the next
 handles of the schedule (handles.py: reverse save order node by node, or the order the
@@ -144,7 +145,13 @@ class ActivationSwapper(UnhookedForwards):
         if nbytes < self.cfg.min_swap_bytes:
             rep.small_tensors += 1
             return _alias(t)
-        key = (t.data_ptr(), t.dtype, t.shape, t.stride(), t._version)
+        if t.layout is not torch.strided or t.is_nested or type(t) is not torch.Tensor:
+            rep.strided_tensors += 1  # sparse, nested or a subclass: no plain storage to copy
+            return _alias(t)
+        # A conjugate or negative view shares t's address, shape and version: its bits
+        # tell it apart (dedup must not hand backward x for conj(x)).
+        key = (t.data_ptr(), t.dtype, t.shape, t.stride(), t._version, t.is_conj(),
+               t.is_neg())
         hit = gen.seen.get(key)
         if hit is not None and hit[0]() is not None:
             rep.deduplicated += 1   # the first tensor is alive: the address was not reused

@@ -32,10 +32,10 @@ class SwapConfig:
                     the budget + 4 x the largest saved tensor + pending .grad bytes.
     swap_params     also keep parameters of modules not running in host memory (opt-in;
                     see params.py for when they live where). Each parameter must be used
-                    only in the forward of the module that owns it (nn.MultiheadAttention
-                    reads its out_proj weight itself: not supported); a frozen one
-                    (requires_grad=False) must change only through in-place ops that bump
-                    its version (copy_ under no_grad), not through .data.
+                    only in the forward of the module that owns it (nn.MultiheadAttention,
+                    which reads its out_proj weight itself, moves as one unit with
+                    out_proj); a frozen one (requires_grad=False) must change only through
+                    in-place ops that bump its version (copy_ under no_grad), not .data.
     param_prefetch_bytes  window of parameter prefetch (next modules' weights).
     force_copy      swap tensors that already live in host memory (CPU device) too, through
                     a separate host buffer: lets CPU tests exercise the offload path.

@@ -171,8 +171,11 @@ class Swap:
             h.remove()
         self._handles.clear()
         self._frames.clear()
-        while self._stack:  # only when close() runs inside the model's forward
-            self._pop_hooks()
+        while self._stack:  # close() inside the model's forward, or after one interrupted
+            self._pop_hooks()   # (KeyboardInterrupt: torch ran no always-call hook)
+        if self._depth:  # ... whose dedup table would keep its saved tensors and runs
+            self._depth = 0
+            self.acts.end_forward([], failed=True)
         self.acts.remove_node_hooks()
         self.acts.finish()
         if self.params is not None:

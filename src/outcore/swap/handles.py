@@ -21,6 +21,7 @@ from ..errors import OutcoreError
 from .host import HostStore, Run
 
 _next_seq = getattr(torch._C._autograd, "_get_sequence_nr", None)
+_task_id = getattr(torch._C, "_current_graph_task_id", None)   # the running backward
 _packs = itertools.count()
 
 
@@ -129,7 +130,7 @@ class Generation:
     """The handles of one forward (pack order), the backward schedule and its cursor."""
 
     __slots__ = ("id", "items", "sizes", "seen", "schedule", "cursor", "inflight", "window",
-                 "used", "backwards", "__weakref__")
+                 "used", "backwards", "task", "__weakref__")
 
     def __init__(self, gid: int):
         self.id = gid
@@ -142,6 +143,7 @@ class Generation:
         self.window = 0                      # prefetch window, bytes
         self.used: list[int] = []            # candidate indices in first-use order
         self.backwards = 0
+        self.task = None                     # the backward that started the current pass
 
     def plan_schedule(self, prev: "Generation | None") -> None:
         """Order the handles for backward (see the module docstring)."""
@@ -164,6 +166,12 @@ class Generation:
         self.cursor = 0
 
     def start_backward(self) -> None:
+        """Backward reached an output of this forward: a new pass over the handles, unless
+        another output (a model returning several) already started this same backward."""
+        task = _task_id() if _task_id is not None else None
+        if task is not None and task == self.task:
+            return
+        self.task = task
         self.backwards += 1
         self.cursor, self.inflight = 0, 0
         if self.backwards > 1:  # retain_graph: a second pass over the same handles

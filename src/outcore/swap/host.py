@@ -20,7 +20,7 @@ import torch
 from ..errors import OutcoreError
 from ..memory import pin_, unpin_
 from ..transfer import host_wait
-from ..units import fmt_bytes
+from ..units import fmt_bytes, parse_bytes
 
 GRANULE = 64 * 1024
 
@@ -91,10 +91,16 @@ class HostStore:
 
     def __init__(self, slab_bytes: int = 256 * 1024**2, limit: int | None = None,
                  pin: bool | None = None, granule: int = GRANULE):
-        self.slab_bytes = slab_bytes
-        self.limit = limit
+        # Sizes as outcore.swap takes them (bytes or "256MiB"), refused here in one line
+        # rather than by a comparison deep inside the first forward.
+        for name, value in (("slab_bytes", slab_bytes), ("granule", granule)):
+            if value is None:
+                raise OutcoreError(f"HostStore {name}=None is not a size: give bytes or a "
+                                   "string such as '256MiB'")
+        self.slab_bytes = parse_bytes(slab_bytes, "slab_bytes")
+        self.limit = parse_bytes(limit, "limit")
         self.pin = torch.cuda.is_available() if pin is None else (pin and torch.cuda.is_available())
-        self.granule = granule
+        self.granule = parse_bytes(granule, "granule")
         self._slabs: list[_Slab] = []
         self._pending: list[tuple[object, Run]] = []
         self._lock = threading.Lock()

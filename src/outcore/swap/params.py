@@ -13,10 +13,14 @@ When parameters live where, for each managed parameter p (one that owns its whol
                   backward did not use, so after .backward() every p is on the device;
                   so does any optimizer's step (a global step pre-hook, while swapping)
                   and the model's state_dict().
-A parameter used outside the forward of the module that owns it is not supported.
+A parameter used outside the forward of the module that owns it is not supported (but
+nn.MultiheadAttention moves as one unit with its out_proj, which it reads itself).
 """
 
 from __future__ import annotations
+
+import numbers
+import weakref
 
 import torch
 from torch import nn
@@ -28,7 +32,9 @@ from ..transfer import Lanes, host_wait
 from .host import HostStore
 from .report import CopyClock, SwapReport
 
-_OWNED: dict[int, object] = {}   # id(param) -> ParamSwapper managing it (refuse nesting)
+# id(param) -> ParamSwapper managing it (refuse nesting). Weak, as the global optimizer
+# hook's reference is: a swap never closed must not keep its model alive once dropped.
+_OWNED: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 _task_id = getattr(torch._C, "_current_graph_task_id", None)   # the running backward
 
 
@@ -46,9 +52,23 @@ class _Slot:
         self.event = None        # last copy touching the host run
 
 
+def _in_backward() -> bool:
+    """True inside a backward: a module's forward run there recomputes it (activation
+    checkpointing), and the node that asked for it is about to read what it saved."""
+    return _task_id is not None and _task_id() >= 0
+
+
 def _owns_storage(p: torch.Tensor) -> bool:
     return (p.numel() > 0 and p.is_contiguous() and p.storage_offset() == 0
             and p.untyped_storage().nbytes() == p.numel() * p.element_size())
+
+
+# Modules whose forward reads a child's parameters without calling the child (out_proj's;
+# the transformer layers' fast path, which reads all, is off while submodules have hooks).
+_READS_CHILDREN = (nn.MultiheadAttention,)
+# Output leaves that hold no tensor a backward could need (anything else may hide one).
+_PLAIN = (torch.Tensor, numbers.Number, str, bytes, type(None), torch.dtype, torch.device,
+          torch.Size)
 
 
 def _tensors(output) -> list[torch.Tensor]:
@@ -66,15 +86,21 @@ class ParamSwapper:
         self.modules: list[nn.Module] = []
         self.slots: dict[int, _Slot] = {}
         self.lanes: dict[torch.device, Lanes] = {}
-        found = []
-        for mod in model.modules():
-            params = [p for p in mod.parameters(recurse=False)
+        found, inside = [], set()
+        for mod in model.modules():   # parents before their children
+            if id(mod) in inside:
+                continue
+            whole = isinstance(mod, _READS_CHILDREN)   # one unit with its children's
+            if whole:
+                inside.update(id(m) for m in mod.modules())
+            params = [p for p in mod.parameters(recurse=whole)
                       if (p.is_cuda or force_copy) and _owns_storage(p)]
             if params:
                 found.append((mod, params))
         if any(_OWNED.get(id(p), self) is not self for _, ps in found for p in ps):
-            raise OutcoreError("a parameter is already swapped by an enclosing outcore.swap: "
-                               "pass swap_params=False to the inner one")
+            raise OutcoreError("a parameter is already swapped by another outcore.swap (an "
+                               "enclosing one, or one not closed): pass swap_params=False "
+                               "to this one, or close() the other first")
         try:
             for mod, params in found:
                 for p in params:
@@ -93,19 +119,30 @@ class ParamSwapper:
         self.closed = False
         self._node_hooks: list = []
         self._pos: dict[int, int] = {}
+        self._running: list[int] = []     # units whose forward is running (outermost first)
         self._prev_pos: dict[int, int] = {}
         self._bwd_pos: dict[int, int] = {}
 
     def install(self) -> list:
         # Any optimizer's step first brings every parameter back (a forward without its
         # backward leaves them in host memory until then).
-        handles = [register_optimizer_step_pre_hook(lambda opt, a, kw: self.restore())]
+        ref = weakref.ref(self)   # weak: see _OWNED
+
+        def restore(opt, args, kwargs) -> None:
+            if ref() is not None:
+                ref().restore()
+
+        handles = [register_optimizer_step_pre_hook(restore)]
         # So does the model's state_dict (a checkpoint or an eval after a forward whose
         # graph was dropped would read freed storage).
         handles.append(self.model.register_state_dict_pre_hook(
             lambda mod, prefix, keep_vars: self.restore()))
+        # Prepended: a module's own pre-hooks (pruning, old-style weight_norm) compute
+        # from its parameters, so these must be on the device before they run. Not the
+        # model's: its parameters are on the device until its forward begins (_enter).
         for u, mod in enumerate(self.modules):
-            handles.append(mod.register_forward_pre_hook(lambda m, a, u=u: self._pre(u)))
+            handles.append(mod.register_forward_pre_hook(lambda m, a, u=u: self._pre(u),
+                                                         prepend=mod is not self.model))
             handles.append(mod.register_forward_hook(lambda m, a, o, u=u: self._post(u, o),
                                                      always_call=True))
         return handles
@@ -170,13 +207,10 @@ class ParamSwapper:
         s.on_device = True
         self.report.param_bytes_to_device += s.nbytes
 
-    def _fetch(self, u: int) -> int:
-        nbytes = 0
+    def _fetch(self, u: int) -> None:
         for s in self.units[u]:
             if not s.on_device:
                 self._in(s)
-                nbytes += s.nbytes
-        return nbytes
 
     def _use(self, u: int) -> None:
         """Fetch unit u if needed and make the current stream wait for its copies."""
@@ -204,25 +238,42 @@ class ParamSwapper:
         self._pos: dict[int, int] = {}
         self._node_hooks = []  # the previous forward's graph keeps its hooks; see close()
         self._queued = None    # (a backward that raised never ran its callback)
+        self._running = []     # (a forward interrupted by Ctrl-C left its units here)
         for s in self.slots.values():
             if s.on_device:
                 self._out(s, step_start=True)
 
     def _pre(self, u: int) -> None:
+        if _in_backward():  # a recomputation (checkpoint): bring the weights in, no more
+            self._use(u)
+            return
         if u not in self._pos:
             self._pos[u] = len(self.order)
             self.order.append(u)
+        self._running.append(u)
         self._use(u)
         if u in self._prev_pos:
             self._ahead(self.prev, self._prev_pos[u] + 1, +1)
 
     def _post(self, u: int, output) -> None:
+        if _in_backward():  # a recomputation saved p for the backward running now: p stays
+            return          # (this backward's end callback finds it on the device)
+        if self._running and self._running[-1] == u:  # (calls nest: u is the innermost)
+            self._running.pop()
         if torch.is_grad_enabled():
-            nodes = {t.grad_fn for t in _tensors(output) if t.grad_fn is not None}
+            leaves = tree_leaves(output)
+            if not all(isinstance(x, _PLAIN) for x in leaves):
+                return  # an object we cannot look into (a dataclass): no node of its backward
+                        # to hook, so p stays on the device (the next forward moves it out)
+            nodes = {t.grad_fn for t in leaves
+                     if isinstance(t, torch.Tensor) and t.grad_fn is not None}
             for node in nodes:
                 self._node_hooks.append(node.register_prehook(lambda g, u=u: self._backward(u)))
+        # A parameter shared with a module still running (a parent that owns it too) is
+        # used again by that forward: it leaves when that module's forward ends.
+        busy = {id(s) for v in self._running for s in self.units[v]}
         for s in self.units[u]:
-            if s.on_device:
+            if s.on_device and id(s) not in busy:
                 self._out(s)
 
     def _backward(self, u: int) -> None:

@@ -25,7 +25,8 @@ class SwapReport:
                                     # inputs kept everything and it still fits the budget
     saved_tensors: int = 0          # tensors autograd saved inside the model's forward
     small_tensors: int = 0          # below min_swap_bytes: left on the device
-    strided_tensors: int = 0        # views with gaps (a transposed weight): left in place
+    strided_tensors: int = 0        # views with gaps (a transposed weight), sparse, nested or
+                                    # subclass tensors: left in place
     kept_tensors: int = 0           # large enough, but the budget had room: left on device
     kept_bytes: int = 0
     deduplicated: int = 0           # repeated saves of one tensor, served by one copy
@@ -61,7 +62,7 @@ class SwapReport:
         lines = [
             f"swap: {self.forwards} forward(s) hooked, {self.unhooked_forwards} unhooked "
             f"(everything fit), {self.saved_tensors} saved tensors "
-            f"({self.small_tensors} small, {self.strided_tensors} strided views, "
+            f"({self.small_tensors} small, {self.strided_tensors} strided or sparse, "
             f"{self.kept_tensors} kept by budget "
             f"{fmt_bytes(self.kept_bytes)}, {self.deduplicated} deduplicated)",
             f"  to host   {self.offloaded_tensors:7d} tensors {fmt_bytes(self.bytes_to_host):>10}"
