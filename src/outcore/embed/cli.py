@@ -124,6 +124,12 @@ def run_train(args) -> int:
     test = None
     if args.holdout:
         (s, d), test = split_edges(el.src, el.dst, args.holdout, args.seed)
+        if len(s) == 0:
+            raise OutcoreError(f"--holdout {args.holdout} holds out all {len(el):,} edges and "
+                               "leaves none to train on: hold out a smaller share")
+        if len(test[0]) == 0:
+            print(f"note: --holdout {args.holdout} held out none of the {len(el):,} edges: "
+                  "no link prediction is reported")
         el.src, el.dst = s, d
         if el.weight is not None:
             el.weight = None

@@ -63,8 +63,9 @@ class EmbedConfig:
     def validate(self) -> "EmbedConfig":
         def pos_int(name):
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+            if not _is_int(v) or v <= 0:
                 raise OutcoreError(f"{name}={v!r} must be a positive integer")
+            setattr(self, name, int(v))          # a numpy integer works as well
         for name in ("dim", "epochs", "chunk_size", "walk_length",
                      "walks_per_node", "window", "edge_chunk"):
             pos_int(name)
@@ -79,8 +80,9 @@ class EmbedConfig:
                               or not math.isfinite(g) or g <= 0):
             raise OutcoreError(f"gpu_memory={g!r} must be a positive number of bytes, or None "
                                "to size it from the device")
-        if self.num_negatives == 0 and not self.batch_negatives:
-            raise OutcoreError("no negatives: set num_negatives > 0 or batch_negatives=True")
+        if self.num_negatives == 0 and (not self.batch_negatives or self.chunk_size == 1):
+            raise OutcoreError("no negatives: set num_negatives > 0, or batch_negatives=True "
+                               "with chunk_size > 1 (a chunk's other positives)")
         for name, allowed in (("score", SCORES), ("loss", LOSSES),
                               ("optimizer", OPTIMIZERS), ("mode", MODES),
                               ("storage", STORAGES)):
@@ -92,12 +94,20 @@ class EmbedConfig:
         if self.kernel == "fused":
             from .fused import check_fused
             check_fused(self)
+        if self.mode != "edges" and self.walk_length < 2:
+            raise OutcoreError(f"walk_length={self.walk_length} gives {self.mode} no pairs to "
+                               "train on: a walk needs at least 2 nodes")
         self._check_numbers()
-        if self.partitions is not None and (isinstance(self.partitions, bool)
-                                            or self.partitions < 1):
-            raise OutcoreError(f"partitions={self.partitions!r} must be >= 1")
+        if self.partitions is not None:
+            if not _is_int(self.partitions) or self.partitions < 1:
+                raise OutcoreError(f"partitions={self.partitions!r} must be an integer >= 1, "
+                                   "or None to plan it")
+            self.partitions = int(self.partitions)
         if self.storage == "mmap" and not self.table_path:
             raise OutcoreError("storage='mmap' needs table_path: give a file path for the table")
+        if self.storage == "ram" and self.table_path:
+            raise OutcoreError("storage='ram' keeps no table file: drop table_path, or use "
+                               "storage='mmap'")
         return self
 
     def _check_numbers(self) -> None:

@@ -106,8 +106,8 @@ class PartitionCache:
                 slot.state[:n].copy_(t.state(p), non_blocking=self.pinned)
                 self.bytes_in += t.partition_bytes(p)
             else:
-                for a in range(0, n, 1 << 20):          # bounded temporaries: 1M rows a time
-                    b = min(n, a + (1 << 20))
+                for a in range(0, n, t.init_chunk):     # bounded temporaries (table.py)
+                    b = min(n, a + t.init_chunk)
                     slot.rows[a:b].copy_(t.initial_rows(p, self.device, a, b))
                 slot.state[:n].zero_()
             slot.rows[n].zero_()

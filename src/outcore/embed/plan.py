@@ -11,6 +11,7 @@ from ..units import fmt_bytes
 from .config import EmbedConfig
 from .optim import RowOptimizer
 from .step import num_chunks
+from .table import HASH_BYTES, INIT_ELEMS
 
 
 @dataclass
@@ -29,6 +30,11 @@ class Plan:
                 f"device workspace {fmt_bytes(self.workspace_bytes)}")
 
 
+# Beyond this the planner refuses rather than plan: P*(P+1)/2 units an epoch, each moving
+# partitions of a few rows (the budget barely exceeds the workspace)
+MAX_PLANNED_PARTITIONS = 1024
+
+
 def state_cols(cfg: EmbedConfig) -> int:
     opt = RowOptimizer(cfg.optimizer)
     return cfg.sides * opt.state_cols(cfg.dim)
@@ -43,7 +49,23 @@ def workspace_bytes(cfg: EmbedConfig, max_bucket: int) -> int:
     edges = chunk * (2 * 4 * 2 + 8 + 16)              # 2 buffers x (src, dst), perm, u/v
     scores = B * (C + M) * 4 * 2 * 4                   # both sides, ~4 live copies
     rows = B * d * 4 * 14 + K * M * d * 4 * 2 * 6      # gathers, grads, coalesce copies
-    return int(edges + scores + rows + (64 << 20))
+    # a coalescing update (Adam, exact Adagrad) of a bucket (i, i) gathers both ends'
+    # 2 (B + K*M) rows at once: sorted copies, then Adam's m, v and their temporaries
+    # (measured on the CPU: 1.4-1.6x the terms above without this one)
+    n = 2 * (B + K * M)
+    coalesce = n * d * 4 * (12 if cfg.optimizer == "adam" else 4 if cfg.exact_sparse else 0)
+    init = INIT_ELEMS * HASH_BYTES                     # hashing a partition's first rows
+    return int(edges + scores + rows + coalesce + init + (64 << 20))
+
+
+def epoch_positives(cfg: EmbedConfig, num_nodes: int, num_edges: int) -> int:
+    """The most positives an epoch holds (the largest bucket's bound): the edges, or for
+    walks every pair of every walk, often many times the edges."""
+    if cfg.mode == "edges":
+        return num_edges
+    L = cfg.walk_length
+    pairs = sum(L - k for k in range(1, min(cfg.window, L - 1) + 1))
+    return min(num_nodes, 2 * num_edges) * cfg.walks_per_node * pairs
 
 
 def device_budget(cfg: EmbedConfig, device: torch.device) -> int:
@@ -78,6 +100,16 @@ def make_plan(cfg: EmbedConfig, num_nodes: int, workers: int, budget: int,
         while P < num_nodes and 3 * slot(P) > avail:
             P *= 2
         P = min(P, num_nodes)
+        if P > MAX_PLANNED_PARTITIONS and avail > 0:
+            raise OutcoreError(
+                f"gpu_memory {fmt_bytes(budget)} leaves {fmt_bytes(avail)} beside the "
+                f"workspace: the {fmt_bytes(table_bytes)} table would need {P:,} partitions "
+                f"({P * (P + 1) // 2:,} buckets an epoch, each a swap); raise --gpu-memory, "
+                "or give --partitions to insist")
+    if workers > 1 and num_nodes < 2 * workers:
+        raise OutcoreError(f"{workers} workers need at least {2 * workers} partitions of a "
+                           f"node or more, and the graph has {num_nodes} nodes: use fewer "
+                           "devices")
     if workers > 1 and P < 2 * workers:
         raise OutcoreError(f"{workers} workers need at least {2 * workers} partitions (each "
                            f"trains a pair of its own): raise --partitions")

@@ -130,6 +130,9 @@ class EpochSource:
             walks = random_walks(self.indptr, self.indices, starts, cfg.walk_length, rng,
                                  p, q, self.keys)
             s, d = walk_pairs(walks, cfg.window)
+            # pairs come grouped by their distance in the walk (all k=1, then k=2, ...):
+            # mixed by blocks, or a bucket longer than edge_chunk trains them in that order
+            return BucketedEdges.build(s, d, self.P, cfg.directed, cfg.shuffle, cfg.seed + e)
         return BucketedEdges.build(s, d, self.P, cfg.directed, False, cfg.seed + e)
 
 

@@ -33,15 +33,15 @@ def _side_loss(pos: torch.Tensor, blocks: list[torch.Tensor], spec: LossSpec) ->
     The blocks are never concatenated (a copy of every score): each loss splits over them,
     softmax through logsumexp of the blocks' logsumexps (as PyTorch-BigGraph does).
     """
+    if spec.loss == "logistic":       # the positive's own term stays without negatives
+        k = sum(b.shape[1] for b in blocks)
+        return F.softplus(-pos).sum() + sum(F.softplus(b).sum() for b in blocks) / max(k, 1)
     if not blocks:
         return pos.new_zeros(())
     if spec.loss == "softmax":
         lse = [torch.logsumexp(b, 1) for b in blocks]
         neg = lse[0] if len(lse) == 1 else torch.logsumexp(torch.stack(lse, 1), 1)
         return (torch.logaddexp(pos, neg) - pos).sum()
-    if spec.loss == "logistic":
-        k = sum(b.shape[1] for b in blocks)
-        return F.softplus(-pos).sum() + sum(F.softplus(b).sum() for b in blocks) / max(k, 1)
     return sum(F.relu(spec.margin - pos[:, None] + b).sum() for b in blocks)
 
 
@@ -176,5 +176,7 @@ def batch_grads(U, V, NU, NV, spec: LossSpec):
             return softmax_dot_grads(U, V, NU, NV, spec)
     U, V, NU, NV = (t.detach().requires_grad_(True) for t in (U, V, NU, NV))
     loss = batch_loss(U, V, NU, NV, spec)
-    dU, dV, dNU, dNV = torch.autograd.grad(loss, (U, V, NU, NV))
+    if not loss.requires_grad:     # no negatives at all (a 1-edge chunk, num_negatives=0)
+        return loss.detach(), *(torch.zeros_like(t) for t in (U, V, NU, NV))
+    dU, dV, dNU, dNV = torch.autograd.grad(loss, (U, V, NU, NV), materialize_grads=True)
     return loss.detach(), dU, dV, dNU, dNV

@@ -19,6 +19,11 @@ import torch
 from ..errors import OutcoreError
 
 _M32 = 0xFFFFFFFF
+# Initial rows are hashed INIT_ELEMS values at a time: the hash's int64 and float64
+# temporaries peak at about HASH_BYTES per value (measured 40), which plan.py counts in
+# the device workspace (a first fetch of 1M rows of width 256 at once peaked at 10 GiB)
+INIT_ELEMS = 1 << 22
+HASH_BYTES = 48
 
 
 def _mix32(x: torch.Tensor) -> torch.Tensor:
@@ -38,6 +43,27 @@ def hash_init(ids: torch.Tensor, width: int, seed: int, scale: float) -> torch.T
     return (h.to(torch.float64) * (2.0 / 2**32) - 1.0).to(torch.float32) * scale
 
 
+def _check_new_table_file(path: str, nbytes: int) -> None:
+    """Creating a table overwrites `path`: refuse a file that is no earlier table (an
+    earlier one has PATH.init beside it), e.g. the edge list or the embeddings; and refuse
+    a disk too full to hold it (the file starts sparse, and a write into a page the disk has
+    no room for kills the process with SIGBUS, in the middle of training)."""
+    try:
+        old = os.path.getsize(path) if os.path.isfile(path) else 0
+        if old and not os.path.isfile(path + ".init"):
+            raise OutcoreError(f"table file {path!r} already exists and is not a table from an "
+                               "earlier run: creating the table would overwrite it; give a "
+                               "new path or delete the file")
+        st = os.statvfs(os.path.dirname(os.path.abspath(path)))
+    except OSError:
+        return                      # np.memmap below names what is wrong with the path
+    free = st.f_bavail * st.f_frsize + old
+    if free < nbytes:
+        raise OutcoreError(f"table file {path!r} needs {nbytes / 2**30:.2f} GiB but its "
+                           f"filesystem has {free / 2**30:.2f} GiB free: free space or give a "
+                           "path on another disk")
+
+
 class EmbeddingTable:
     """num_nodes x (dim * sides) float32 rows plus S state columns per row, P partitions.
 
@@ -55,6 +81,7 @@ class EmbeddingTable:
         self.num_nodes, self.dim, self.P, self.sides = num_nodes, dim, partitions, sides
         self.width, self.state_cols = dim * sides, state_cols
         self.init_scale, self.seed, self.path = init_scale, seed, path
+        self.init_chunk = max(1, INIT_ELEMS // self.width)      # rows hashed at a time
         P = partitions
         self.sizes = [(num_nodes - p + P - 1) // P for p in range(P)]     # n_p
         row_floats = self.width + state_cols
@@ -64,6 +91,8 @@ class EmbeddingTable:
             self.flat = torch.zeros(total, dtype=torch.float32)
             self._init_flags = np.zeros(P, dtype=np.uint8)
         else:
+            if create:
+                _check_new_table_file(path, total * 4 + P)
             mode = "w+" if create else "r+"
             try:
                 arr = np.memmap(path, dtype=np.float32, mode=mode, shape=(total,))
@@ -112,9 +141,9 @@ class EmbeddingTable:
     def materialize(self, p: int) -> None:
         """Write partition p's initial rows on the host (if it was never trained)."""
         if not self.is_initialized(p):
-            n = self.sizes[p]
-            for a in range(0, n, 1 << 18):
-                self.rows(p)[a:a + (1 << 18)] = self.initial_rows(p, "cpu", a, min(n, a + (1 << 18)))
+            n, c = self.sizes[p], self.init_chunk
+            for a in range(0, n, c):
+                self.rows(p)[a:a + c] = self.initial_rows(p, "cpu", a, min(n, a + c))
             self.state(p).zero_()
             self.mark_initialized(p)
 

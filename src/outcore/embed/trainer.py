@@ -22,7 +22,7 @@ from .buckets import BucketScheduler
 from .config import EmbedConfig
 from .graph import EdgeList
 from .output import save_embeddings
-from .plan import Plan, device_budget, make_plan, state_cols
+from .plan import Plan, device_budget, epoch_positives, make_plan, state_cols
 from .sampling import EpochSource, NegativeSampler, Producer
 from .table import EmbeddingTable
 from .worker import Worker
@@ -53,27 +53,42 @@ def resolve_devices(devices) -> list[torch.device]:
 
 
 def as_edgelist(edges, num_nodes=None) -> EdgeList:
+    """A checked EdgeList: a hand-built one (or one an --holdout emptied) gets the same
+    one-line errors as a (src, dst) pair, not a failure deep inside training."""
     if isinstance(edges, EdgeList):
-        return edges
-    if isinstance(edges, (tuple, list)) and len(edges) == 2:
-        src, dst = (np.asarray(x) for x in edges)
-        if src.shape != dst.shape or src.ndim != 1:
-            raise OutcoreError("edges must be (src, dst) 1-d arrays of equal length")
-        if len(src) == 0:
-            raise OutcoreError("no edges to train on")
-        if not all(np.issubdtype(x.dtype, np.integer) for x in (src, dst)):
-            raise OutcoreError(f"edges must hold integer node ids, not {src.dtype} and "
-                               f"{dst.dtype}: cast them with .astype(np.int64), or read string "
-                               "ids with read_edges")
-        if num_nodes is not None and (isinstance(num_nodes, bool) or int(num_nodes) != num_nodes
-                                      or num_nodes < 1):
-            raise OutcoreError(f"num_nodes={num_nodes!r} must be a positive integer (ids are "
-                               "0..num_nodes-1), or leave it out to take the largest id + 1")
-        n = int(max(src.max(), dst.max())) + 1 if num_nodes is None else int(num_nodes)
-        if min(src.min(), dst.min()) < 0 or max(src.max(), dst.max()) >= n:
-            raise OutcoreError(f"node ids must lie in 0..{n - 1}")
+        el, num_nodes = edges, edges.num_nodes
+        edges = (el.src, el.dst)
+    elif not (isinstance(edges, (tuple, list)) and len(edges) == 2):
+        raise TypeError("edges must be an EdgeList (see read_edges) or a (src, dst) pair of "
+                        "arrays")
+    else:
+        el = None
+    src, dst = (np.asarray(x) for x in edges)
+    if src.shape != dst.shape or src.ndim != 1:
+        raise OutcoreError("edges must be (src, dst) 1-d arrays of equal length")
+    if len(src) == 0:
+        raise OutcoreError("no edges to train on")
+    if not all(np.issubdtype(x.dtype, np.integer) for x in (src, dst)):
+        raise OutcoreError(f"edges must hold integer node ids, not {src.dtype} and "
+                           f"{dst.dtype}: cast them with .astype(np.int64), or read string "
+                           "ids with read_edges")
+    if num_nodes is not None and (isinstance(num_nodes, bool) or int(num_nodes) != num_nodes
+                                  or num_nodes < 1):
+        raise OutcoreError(f"num_nodes={num_nodes!r} must be a positive integer (ids are "
+                           "0..num_nodes-1), or leave it out to take the largest id + 1")
+    n = int(max(src.max(), dst.max())) + 1 if num_nodes is None else int(num_nodes)
+    if min(src.min(), dst.min()) < 0 or max(src.max(), dst.max()) >= n:
+        raise OutcoreError(f"node ids must lie in 0..{n - 1}")
+    if el is None:
         return EdgeList(src, dst, n)
-    raise TypeError("edges must be an EdgeList (see read_edges) or a (src, dst) pair of arrays")
+    w = el.weight
+    if w is not None:
+        w = np.asarray(w)
+        if w.shape != src.shape or w.dtype.kind not in "fiu" or not np.isfinite(w).all() \
+                or (w < 0).any() or not w.sum() > 0:
+            raise OutcoreError("edge weights must be one finite number >= 0 per edge, not all "
+                               "zero")
+    return el
 
 
 # Host bytes a node costs whatever the table's storage: its degree and its entry in the
@@ -99,6 +114,7 @@ class EmbeddingTrainer:
     def __init__(self, config: EmbedConfig | None = None, **overrides):
         cfg = dataclasses.replace(config or EmbedConfig(), **overrides)
         self.cfg = cfg.validate()
+        self._picked_batch = None       # the batch size fit chose for the last graph
         self.table: EmbeddingTable | None = None
         self.plan: Plan | None = None
         self.summary: dict = {}
@@ -128,7 +144,12 @@ class EmbeddingTrainer:
         el = as_edgelist(edges, num_nodes)
         check_node_count(el.num_nodes)
         self.names = el.names
+        self.close()                  # a second fit: the first one's temporary table file
+        if self.cfg.batch_size is not None and self.cfg.batch_size == self._picked_batch:
+            self.cfg = dataclasses.replace(self.cfg, batch_size=None)    # chosen again
+        picked = self.cfg.batch_size is None
         self.cfg = cfg = self.cfg.resolved(len(el))
+        self._picked_batch = cfg.batch_size if picked else None
         from .dist import spawn_fit, torchrun_fit, under_torchrun
         torchrun = under_torchrun()
         devices = resolve_devices(cfg.devices)
@@ -141,7 +162,8 @@ class EmbeddingTrainer:
             mine = torch.device(cfg.devices[local % len(cfg.devices)]) if cfg.devices \
                 else torch.device("cuda", local)
         budget = device_budget(cfg, mine)
-        self.plan = plan = make_plan(cfg, el.num_nodes, world, budget, len(el))
+        self.plan = plan = make_plan(cfg, el.num_nodes, world, budget,
+                                     epoch_positives(cfg, el.num_nodes, len(el)))
         P = plan.partitions
         table_kwargs = dict(num_nodes=el.num_nodes, dim=cfg.dim, partitions=P, sides=cfg.sides,
                             state_cols=state_cols(cfg), init_scale=cfg.init_scale, seed=cfg.seed)
@@ -221,6 +243,7 @@ class EmbeddingTrainer:
         """Remove a temporary memory-mapped table file."""
         if self.table is not None and getattr(self, "_temp_table", False):
             self.table.close(delete=True)
+            self._temp_table = False
 
     def describe(self) -> str:
         s = self.summary
