@@ -903,6 +903,15 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
     # nvidia-h200 (session 42): 3b-16k with its peers at HEAD (the FSDP2 margin: 2.29x in
     # the record, 2.19x in session 40)
     "s42-3b16k": [(570, record("3b-16k", "stream-h200-s42-3b16k", 185))],
+    # nvidia-h200 (session 42): after the reviews of swap, embed training and gemm.matmul's
+    # entry: swap's CUDA tests and embed's fused kernel, embed's GPU check and quality case
+    # (the planner's workspace grew), the gemm GPU tests
+    "s42-reviews": [(100, PY + ["-m", "pytest", "-q", "-rs", "-p", "no:warnings",
+                                "tests/swap/test_swap_cuda.py", "tests/embed/test_fused.py"]),
+                    (170, PY + [B + "embed.py", "--cases", "check,quality", "--skip-pbg",
+                                "--budget-s", "140", "--out", "embed-h200-s42"]),
+                    (160, PY + ["-m", "pytest", "-q", "-rs", "-p", "no:warnings",
+                                "tests/gemm/test_gemm_gpu.py"])],
     # nvidia-h200 (written in session 25): tf32x3's error on Gram matrices by BIG_CHUNK
     "s26-gram": [(120, PY + [B + "diag/x3_gram.py"])],
     # nvidia-h200 (session 22): 3b-16k outcore alone, 8 measured steps each: the balance
