@@ -144,9 +144,12 @@ class Linear(nn.Module):
             nn.init.uniform_(self.bias, -bound, bound)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not isinstance(x, torch.Tensor) or x.device.type != "cpu":
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"outcore.gemm.Linear takes a CPU torch.Tensor, not a "
+                            f"{type(x).__name__}: pass torch.as_tensor(x)")
+        if x.device.type != "cpu":
             raise TypeError("outcore.gemm.Linear takes CPU tensors (its weight lives in host "
-                            f"memory); got {getattr(x, 'device', type(x).__name__)}: pass x.cpu()")
+                            f"memory); got one on {x.device}: pass x.cpu()")
         self._check_weight()
         if x.ndim == 0:
             raise OutcoreError(f"x is a 0-d tensor: the layer takes x of at least 1-d with "

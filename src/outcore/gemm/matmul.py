@@ -32,8 +32,8 @@ from .stats import DeviceStats, GemmStats
 from .strassen import make_strassen_plan
 from .strassen_worker import StrassenWorker
 from .threadmode import caller_mode
-from .validate import (check_matrix, check_out, dtype_of, op_shape, resolve_budget,
-                       resolve_compute, resolve_devices)
+from .validate import (check_flag, check_matrix, check_out, check_scalar, dtype_of, op_shape,
+                       resolve_budget, resolve_compute, resolve_devices)
 from .worker import DeviceWorker, GemmJob
 
 _PRECISION_LOCK = threading.RLock()
@@ -88,6 +88,7 @@ def matmul(A, B, out=None, *, transa: bool = False, transb: bool = False, alpha:
     A: M x K (K x M if transa), B: K x N (N x K if transb), out: M x N; all host matrices
     of one dtype (float32, float64; bfloat16 for torch tensors), any strides.
     out=None: a new matrix of A's kind (torch tensor or numpy array); beta must then be 0.
+    As in BLAS, beta == 0 does not read out, and alpha == 0 (or K == 0) reads neither A nor B.
     compute: "fp64", "fp32", "tf32", "tf32x3", "bf16" or "strassen" (default: the dtype's
         own); tiles are converted on the device, bf16 and tf32 accumulate in fp32 (a CPU
         worker runs tf32 as fp32, and bf16 as bf16 values multiplied in fp32). "tf32x3":
@@ -105,8 +106,16 @@ def matmul(A, B, out=None, *, transa: bool = False, transb: bool = False, alpha:
     tile: T, or (rows, cols[, depth[, copy piece depth]]) to force tile sizes.
     Returns out, or (out, GemmStats) with return_stats=True.
     """
+    if (isinstance(out, torch.Tensor) and out.is_inference()
+            and not torch.is_inference_mode_enabled()):
+        # an out made under inference mode may be written only under it (threadmode.py)
+        with torch.inference_mode():
+            return matmul(A, B, out, transa=transa, transb=transb, alpha=alpha, beta=beta,
+                          devices=devices, gpu_memory=gpu_memory, tile=tile, compute=compute,
+                          progress=progress, return_stats=return_stats)
     check_matrix(A, "A")
     check_matrix(B, "B")
+    transa, transb = check_flag(transa, "transa"), check_flag(transb, "transb")
     dtype = dtype_of(A)
     if dtype_of(B) != dtype:
         raise TypeError(f"A is {dtype} but B is {dtype_of(B)}: give both the same dtype")
@@ -114,7 +123,7 @@ def matmul(A, B, out=None, *, transa: bool = False, transb: bool = False, alpha:
     if k != k2:
         raise OutcoreError(f"op(A) is {m}x{k} but op(B) is {k2}x{n}: the inner sizes {k} and {k2} "
                            "differ; check the shapes and transa/transb")
-    alpha, beta = float(alpha), float(beta)
+    alpha, beta = check_scalar(alpha, "alpha"), check_scalar(beta, "beta")
     if out is None:
         if beta != 0:
             raise OutcoreError(f"beta={beta} needs an out to add to: pass out= or beta=0")
@@ -132,8 +141,12 @@ def matmul(A, B, out=None, *, transa: bool = False, transb: bool = False, alpha:
     stats = GemmStats(m, n, k, compute, plan="", devices=[DeviceStats(s) for s in labels])
     if m == 0 or n == 0:
         return (out, stats) if return_stats else out
-    if k == 0:
+    if k == 0 or alpha == 0:
+        # nothing to multiply, or (BLAS) A and B are not read: NaN or inf in them must not
+        # reach out (strassen's sums of blocks carried them there)
         _scale(out, beta)
+        if isinstance(out, np.memmap):
+            out.flush()
         return (out, stats) if return_stats else out
 
     t0 = stats.t_start = time.perf_counter()

@@ -39,6 +39,10 @@ def check_matrix(x, name: str) -> None:
         if x.dtype not in _TORCH_DTYPES:
             raise TypeError(f"{name} has dtype {x.dtype}: use torch.float32, torch.float64 or "
                             "torch.bfloat16 (cast it with .float())")
+        if x.layout != torch.strided or x.is_nested:
+            kind = "nested" if x.is_nested else str(x.layout).replace("torch.", "")
+            raise TypeError(f"{name} is a {kind} tensor: matmul multiplies dense matrices; pass "
+                            f"{name}.to_dense() (or torch.sparse.mm for sparse products)")
     elif isinstance(x, np.ndarray):
         if x.dtype not in _NP_DTYPES:
             raise TypeError(f"{name} has dtype {x.dtype}: use numpy float32 or float64 (cast it "
@@ -49,6 +53,27 @@ def check_matrix(x, name: str) -> None:
     if x.ndim != 2:
         raise OutcoreError(f"{name} is {x.ndim}-d with shape {tuple(x.shape)}: matmul takes 2-d "
                            f"matrices; reshape it (e.g. {name}.reshape(-1, {name}.shape[-1]))")
+
+
+def check_flag(value, name: str) -> bool:
+    """transa / transb: a bool (numpy's too, or the ints 0 and 1)."""
+    if isinstance(value, (bool, np.bool_)) or (isinstance(value, numbers.Integral)
+                                               and value in (0, 1)):
+        return bool(value)
+    raise TypeError(f"{name}={value!r} is not a bool: pass {name}=True or {name}=False")
+
+
+def check_scalar(value, name: str) -> float:
+    """alpha / beta: a real number (numpy's too, or a one-element tensor or array)."""
+    real = isinstance(value, numbers.Real)
+    if isinstance(value, torch.Tensor):
+        real = value.numel() == 1 and not value.is_complex()
+    elif isinstance(value, np.ndarray):
+        real = value.size == 1 and value.dtype.kind in "biuf"
+    if not real:
+        raise TypeError(f"{name}={value!r} is not a real number: pass a float such as "
+                        f"{name}={1.0 if name == 'alpha' else 0.0}")
+    return float(value)
 
 
 def op_shape(x, trans: bool) -> tuple[int, int]:
@@ -122,7 +147,7 @@ def resolve_compute(compute, dtype: torch.dtype) -> str:
     if compute is None:
         return DEFAULT_COMPUTE[dtype]
     name = {"float64": "fp64", "float32": "fp32", "bfloat16": "bf16"}.get(str(compute), compute)
-    if name not in COMPUTE:
+    if not isinstance(name, str) or name not in COMPUTE:
         raise OutcoreError(f"compute={compute!r} is not one of {', '.join(COMPUTE)}: pick the "
                            "arithmetic (bf16 and tf32 accumulate in fp32)")
     return name
