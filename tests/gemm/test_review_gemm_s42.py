@@ -93,3 +93,27 @@ def test_linear_names_a_numpy_input_and_how_to_convert_it():
     with pytest.raises(TypeError, match="not a ndarray: pass torch.as_tensor") as e:
         layer(np.ones((2, 4), dtype=np.float32))
     one_line(e)
+
+
+def test_two_memmaps_of_one_file_are_checked_for_overlap(tmp_path):
+    """A opened read-only and out opened for writing on the same file: different
+    addresses, same bytes; out's tiles would overwrite A while it is read."""
+    f = str(tmp_path / "x.bin")
+    whole = np.memmap(f, dtype=np.float32, mode="w+", shape=(300, 64))
+    whole[:] = np.random.default_rng(0).random((300, 64), dtype=np.float32)
+    whole.flush()
+    a = np.memmap(f, dtype=np.float32, mode="r", shape=(100, 64))
+    b = np.random.default_rng(1).random((64, 64), dtype=np.float32)
+    rows = 64 * 4
+    with pytest.raises(OutcoreError, match="out overlaps A in the file") as e:
+        matmul(a, b, np.memmap(f, dtype=np.float32, mode="r+", shape=(100, 64),
+                               offset=50 * rows))
+    one_line(e)
+    view = np.memmap(f, dtype=np.float32, mode="r+", shape=(300, 64))[150:250]
+    with pytest.raises(OutcoreError, match="out overlaps A in the file"):
+        matmul(np.memmap(f, dtype=np.float32, mode="r", shape=(300, 64))[200:300], b, view)
+    # another part of the same file: allowed, and right
+    ref = np.asarray(a, dtype=np.float64) @ b
+    out = np.memmap(f, dtype=np.float32, mode="r+", shape=(100, 64), offset=100 * rows)
+    matmul(a, b, out)
+    np.testing.assert_allclose(np.asarray(out), ref, rtol=1e-5, atol=1e-5)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import mmap
 import numbers
+import os
 
 import numpy as np
 import torch
@@ -136,11 +138,34 @@ def check_out(out, m: int, n: int, dtype: torch.dtype, a, b) -> None:
                            f"{tuple(out.shape)}, e.g. from expand or as_strided): pass an out whose "
                            "elements are distinct, e.g. out.contiguous() or a new array")
     lo, hi = _span(out)
+    where = _file_span(out)
     for x, name in ((a, "A"), (b, "B")):
         xlo, xhi = _span(x)
         if lo < xhi and xlo < hi and hi > lo:
             raise OutcoreError(f"out overlaps {name} in memory: tiles of out would overwrite "
                                f"{name} while it is read; pass a separate out")
+        other = _file_span(x)
+        if where and other and where[0] == other[0] and where[1] < other[2] \
+                and other[1] < where[2]:
+            raise OutcoreError(f"out overlaps {name} in the file {where[0]} (two memmaps of "
+                               f"it): tiles of out would overwrite {name} while it is read; "
+                               "pass an out in another file or another part of it")
+
+
+def _file_span(x) -> tuple[str, int, int] | None:
+    """(file, first byte, last byte + 1) of the file a numpy memmap maps x's elements
+    from; None for memory that is no mapped file. Two memmaps of one file have different
+    addresses, so _span alone cannot see them overlap."""
+    mm = getattr(x, "_mmap", None)
+    if not isinstance(x, np.memmap) or mm is None or not x.filename:
+        return None
+    try:
+        base = np.frombuffer(mm, dtype=np.uint8).ctypes.data   # where the mapping starts
+    except (TypeError, ValueError):   # a closed mapping: numpy reads no more from it
+        return None
+    start = x.offset - x.offset % mmap.ALLOCATIONGRANULARITY   # the mapping's file position
+    lo, hi = _span(x)
+    return os.path.realpath(x.filename), start + lo - base, start + hi - base
 
 
 def resolve_compute(compute, dtype: torch.dtype) -> str:
