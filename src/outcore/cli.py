@@ -89,12 +89,15 @@ def _run_train(args) -> int:
     from . import config, train
     from .parallel.launch import init_distributed, relaunch, shutdown, under_torchrun
     flags = {k: v for k, v in vars(args).items()
-             if k not in ("func", "config", "command", "nproc", "argv", "flag_names")}
+             if k not in ("func", "config", "command", "nproc", "argv", "flag_names",
+                          "uniform_error")}
+    args.uniform_error = True   # an error from here to the build: every rank's alike (_say)
     file_values = config.load_toml(args.config) if args.config else {}
     for key in file_values:   # errors keep a file's spelling for the keys it set and no
         if flags.get(key) is None:   # flag overrode (as_flags)
             args.flag_names.pop(key, None)
     cfg = config.build(file_values, flags)   # config mistakes: one line, before any rank
+    args.uniform_error = False
     if args.nproc and args.nproc > 1 and not under_torchrun():
         if cfg.batch_size * cfg.grad_accum < args.nproc:   # else every rank fails at step 1
             raise OutcoreError(f"--nproc {args.nproc}: a batch of {cfg.batch_size} x "
@@ -152,12 +155,20 @@ def as_flags(message: str, names: dict[str, str]) -> str:
     return message
 
 
-def _say(line: str) -> None:
+def _say(line: str, args=None) -> None:
     """One line on stderr; a rank of `--nproc N` hands it to the launcher, which prints
-    each job's error once (not once per rank)."""
+    each job's error once (not once per rank). Under plain torchrun an error every rank
+    meets alike (the arguments', before the ranks join) is printed by each node's first
+    rank, and any other with its rank in front."""
     from .parallel.launch import report_line, under_torchrun
-    if under_torchrun() and report_line(line):
-        return
+    if under_torchrun():
+        if report_line(line):
+            return
+        if getattr(args, "uniform_error", False):
+            if int(os.environ.get("LOCAL_RANK", 0)) != 0:
+                return
+        else:
+            line = f"[rank {os.environ['RANK']}] {line}"
     print(line, file=sys.stderr)
 
 
@@ -210,10 +221,10 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 128 + 13   # the shell's code for SIGPIPE
     except OutcoreError as e:
-        _say(f"outcore: error: {as_flags(str(e), args.flag_names)}")
+        _say(f"outcore: error: {as_flags(str(e), args.flag_names)}", args)
         return 2
     except KeyboardInterrupt:
-        _say("outcore: interrupted")
+        _say("outcore: interrupted", args)
         return 130
 
 

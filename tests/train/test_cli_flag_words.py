@@ -57,3 +57,30 @@ def test_rewrite_leaves_words_and_other_names_alone():
     assert as_flags("eval_edges=['a', 'b'] unread", names) == "--edges ['a', 'b'] unread"
     assert as_flags("gpu_memory=1.0 KiB: too small", names) == "--gpu-memory 1.0 KiB: too small"
     assert as_flags("device='cpu'", {}) == "device='cpu'"
+
+
+def _ranks_env(monkeypatch, rank: int, local: int):
+    monkeypatch.setenv("RANK", str(rank))
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("LOCAL_RANK", str(local))
+    monkeypatch.delenv("OUTCORE_RANK_REPORTS", raising=False)
+
+
+def test_plain_torchrun_prints_an_argument_error_once_a_node(capsys, monkeypatch):
+    """Every rank meets a config mistake alike: each node's first rank says it, the others
+    stay quiet (it was printed once per rank)."""
+    from outcore.parallel.launch import REPORTS
+    assert REPORTS == "OUTCORE_RANK_REPORTS"
+    for rank, local, said in ((0, 0, True), (1, 1, False), (2, 0, True), (3, 1, False)):
+        _ranks_env(monkeypatch, rank, local)
+        assert main(["train", "--micro-batch-size", "0"]) == 2
+        err = capsys.readouterr().err
+        assert (err.strip() == "outcore: error: --micro-batch-size 0 must be >= 1") == said, err
+        assert said or err == ""
+
+
+def test_plain_torchrun_names_the_rank_of_a_later_error(capsys, monkeypatch):
+    from outcore.cli import _say
+    _ranks_env(monkeypatch, 3, 1)
+    _say("outcore: error: the GPU is gone")
+    assert capsys.readouterr().err.strip() == "[rank 3] outcore: error: the GPU is gone"
