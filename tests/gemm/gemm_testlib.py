@@ -70,3 +70,10 @@ def fake_stats(reserved: int, allocated: int) -> dict:
     outcore.memory.cached_unused_bytes reads (CPU tests fake the allocator with it)."""
     return {"reserved_bytes": {"all": {"current": reserved}},
             "allocated_bytes": {"all": {"current": allocated}}}
+
+
+def one_line(excinfo) -> str:
+    """The message of a pytest.raises excinfo, asserted to be one short line."""
+    msg = str(excinfo.value)
+    assert "\n" not in msg and len(msg) < 300
+    return msg

@@ -4,17 +4,11 @@ import numpy as np
 import pytest
 import torch
 
-from gemm_testlib import fake_stats
+from gemm_testlib import fake_stats, one_line
 from outcore.errors import OutcoreError
 from outcore.gemm.matmul import matmul
 
 A, B = torch.randn(6, 4), torch.randn(4, 5)
-
-
-def one_line(excinfo) -> str:
-    msg = str(excinfo.value)
-    assert "\n" not in msg and len(msg) < 300
-    return msg
 
 
 @pytest.mark.parametrize("kwargs,exc,pattern", [

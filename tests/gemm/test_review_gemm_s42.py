@@ -7,14 +7,9 @@ import torch
 from outcore.errors import OutcoreError
 from outcore.gemm import Linear
 from outcore.gemm.matmul import matmul
+from gemm_testlib import one_line
 
 A, B = torch.randn(6, 4), torch.randn(4, 5)
-
-
-def one_line(excinfo) -> str:
-    msg = str(excinfo.value)
-    assert "\n" not in msg and len(msg) < 300
-    return msg
 
 
 @pytest.mark.parametrize("kwargs,exc,pattern", [
