@@ -91,6 +91,16 @@ def find_blocks(model: nn.Module, blocks: str | None) -> tuple[str, nn.Module]:
             if n > best_n:
                 best, best_n = name, n
     if best is None:
+        # A model of a single block (an HF config with num_hidden_layers=1): its list of
+        # one, where nothing longer exists (refused before as having no list at all).
+        best = next((p for p in _KNOWN_PATHS if ok(_get(model, p))), None)
+    if best is None:
+        for name, mod in model.named_modules():
+            if ok(mod) and name and any(True for _ in mod.parameters()):
+                n = sum(p.numel() for p in mod.parameters())
+                if n > best_n:
+                    best, best_n = name, n
+    if best is None:
         raise OutcoreError(
             f"cannot split {type(model).__name__} into blocks: it has no nn.ModuleList or "
             "nn.Sequential of layers; pass blocks='path.to.layers' or wrap the layers in an "

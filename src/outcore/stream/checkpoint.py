@@ -185,8 +185,13 @@ def load(cls, path, model, **kwargs):
     if saved != here or blocks:
         engine.close()   # its optimizer thread
         diff = next((f"{a[0]} {a[1]} saved, {b[0]} {b[1]} here" for a, b in zip(saved, here)
-                     if a != b), f"{len(saved)} parameters saved, {len(here)} here"
-                    if len(saved) != len(here) else "other blocks")
+                     if a != b), None)
+        if diff is None and len(saved) != len(here):   # one list is the other's start
+            n = min(len(saved), len(here))
+            first = (f"{saved[n][0]} {saved[n][1]} saved, not here" if len(saved) > n else
+                     f"{here[n][0]} {here[n][1]} here, not saved")
+            diff = f"{first}; {len(saved)} parameters saved, {len(here)} here"
+        diff = diff or "other blocks"
         raise OutcoreError(f"{path} was saved from another model ({diff}): load it into the "
                            "same architecture")
     master = _read(path / "master.safetensors", lambda f: load_file(str(f)))

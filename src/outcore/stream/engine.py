@@ -297,6 +297,8 @@ class Engine(StepFlow, StepAccounting):
         with self.runner._autocast(self.runner.autocast_state()):
             try:
                 out = functional_call(self._model, tensors, (), kwargs)
+            except OutcoreError:
+                raise   # one of the engine's own (a block's call), already one line
             except (TypeError, ValueError, KeyError, IndexError) as e:
                 raise OutcoreError(f"the model's forward rejected the batch (keys "
                                    f"{sorted(batch)}): {str(e).splitlines()[0]}") from None

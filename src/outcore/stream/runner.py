@@ -13,7 +13,8 @@ from __future__ import annotations
 import torch
 from torch.func import functional_call
 
-from .split import first_tensor, n_micro, positional_names, split_extra, split_like
+from .split import (block_input, first_tensor, n_micro, positional_names, split_extra,
+                    split_like)
 from .tail import TailSkip
 
 
@@ -67,16 +68,14 @@ class BlockRunner:
     def install(self) -> list:
         """Route each block's forward through BlockFn; returns what uninstall() restores."""
         e, originals = self.e, []
+        grp_name = {grp.index: grp.name for grp in e.groups[1:]}
         for grp in e.groups[1:]:
             mod, g = grp.module, grp.index
 
             def fwd(*args, _g=g, _mod=mod, **kw):
                 if self.inside == _g:  # the runner's own call: the real forward
                     return type(_mod).forward(_mod, *args, **kw)
-                if args:
-                    hidden, rest = args[0], args[1:]
-                else:
-                    hidden, rest = kw.pop("hidden_states"), ()
+                hidden, rest = block_input(_mod, grp_name[_g], args, kw)
                 out = BlockFn.apply(self, _g, (rest, kw), e._anchor, hidden)
                 n = self.tuple_len.get(_g)
                 return out if n is None else (out,) + (None,) * (n - 1)

@@ -81,6 +81,56 @@ def split_extra(extra, names: list[str], shared: frozenset[str], batch: int, n: 
     return [(tuple(p[i] for p in a), {key: v[i] for key, v in k.items()}) for i in range(n)]
 
 
+def block_input(mod: nn.Module, name: str, args: tuple, kw: dict):
+    """(hidden, other positional args) of a call of streamed block `mod` (kw: its keyword
+    arguments, the hidden state popped from them when passed by name). Refuses, in one
+    line, other arguments that carry a gradient: BlockFn hands backward's gradient to the
+    hidden state and the block's own parameters only, so theirs would be dropped."""
+    if args:
+        hidden, rest = args[0], args[1:]
+    else:
+        try:
+            first = next(iter(list(inspect.signature(type(mod).forward).parameters)[1:]),
+                         "hidden_states")
+        except (TypeError, ValueError):   # a builtin or C forward: no names to match
+            first = "hidden_states"
+        key = first if first in kw else "hidden_states"
+        if key not in kw:
+            raise OutcoreError(f"block {name!r} was called with no input (keywords "
+                               f"{sorted(kw)}): pass its hidden state first, as "
+                               f"block(hidden, ...) or block({first}=hidden, ...)")
+        hidden, rest = kw.pop(key), ()
+    if not isinstance(hidden, torch.Tensor):
+        raise OutcoreError(f"block {name!r} was called with a {type(hidden).__name__} as its "
+                           "input: a streamed block takes the hidden state tensor first")
+    if torch.is_grad_enabled():
+        grad = _grad_arg(rest, "") or _grad_arg(kw, "")
+        if grad is not None:
+            raise OutcoreError(
+                f"block {name!r} gets argument {grad}, which needs a gradient: the engine "
+                "passes gradients through a block's hidden state and its own weights only; "
+                "compute it inside the block, or .detach() it to train without that path")
+    return hidden, rest
+
+
+def _grad_arg(obj, where: str) -> str | None:
+    """The position of the first tensor in `obj` (nested tuples/lists/dicts) that requires
+    grad, as a readable string ('#1', 'mask', 'cache[0]'), or None."""
+    if isinstance(obj, torch.Tensor):
+        return where or "?" if obj.requires_grad else None
+    if isinstance(obj, (tuple, list)):
+        for i, o in enumerate(obj):
+            got = _grad_arg(o, f"{where}[{i}]" if where else f"#{i + 1}")
+            if got is not None:
+                return got
+    elif isinstance(obj, dict):
+        for k, o in obj.items():
+            got = _grad_arg(o, f"{where}[{k!r}]" if where else str(k))
+            if got is not None:
+                return got
+    return None
+
+
 def n_micro(batch: int, size: int | None) -> tuple[int, int]:
     """(number of micro-batches, rows each) for a batch of `batch` rows."""
     if size is None or size >= batch:
@@ -93,6 +143,14 @@ def first_tensor(out):
     if isinstance(out, torch.Tensor):
         return out, None
     if isinstance(out, (tuple, list)) and out and isinstance(out[0], torch.Tensor):
+        # The engine hands the model None in place of the entries after the first (only
+        # the hidden state crosses BlockFn): a tensor there (an auxiliary loss, router
+        # logits) would vanish from the model's sums without a word.
+        more = next((i for i, o in enumerate(out) if i and isinstance(o, torch.Tensor)), None)
+        if more is not None:
+            raise OutcoreError(f"a streamed block returned a tensor at [{more}] of its output "
+                               "tuple, which the engine replaces with None (only the hidden "
+                               "state crosses a block): return the hidden state alone")
         return out[0], len(out)
     raise TypeError(f"a streamed block must return a tensor or a tuple starting with one, "
                     f"got {type(out).__name__}")
