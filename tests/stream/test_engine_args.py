@@ -11,16 +11,12 @@ from torch import nn
 import outcore
 from outcore import OutcoreError
 
+from .testlib import ce, one_line
+
 LR = 3e-3
 ROWS = 6   # the batch's rows: the shared table has as many by coincidence
 # on a GPU too (fp32 compute, TF32 off), against plain PyTorch on the CPU
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
-
-
-def one_line(e) -> str:
-    msg = str(e.value)
-    assert "\n" not in msg and len(msg) < 300, msg
-    return msg
 
 
 class Blk(nn.Module):
@@ -47,10 +43,6 @@ class Net(nn.Module):
         for layer in self.layers:
             h = layer(h, table=self.table) if self.by_keyword else layer(h, self.table)
         return self.head(h)
-
-
-def ce(out, batch):
-    return nn.functional.cross_entropy(out, batch["y"])
 
 
 def data(n=3):

@@ -11,17 +11,7 @@ from torch import nn
 import outcore
 from outcore import OutcoreError
 
-LR, EPS, WD = 3e-3, 1e-6, 0.1
-
-
-def one_line(e) -> str:
-    msg = str(e.value)
-    assert "\n" not in msg and len(msg) < 300, msg
-    return msg
-
-
-def ce(out, batch):
-    return nn.functional.cross_entropy(out, batch["y"])
+from .testlib import EPS, LR, WD, ce, engine, one_line
 
 
 def mlp():
@@ -33,11 +23,6 @@ def batches(n=3, rows=6, shape=(8,), seed=2):
     gen = torch.Generator().manual_seed(seed)
     return [{"input": torch.randn(rows, *shape, generator=gen),
              "y": torch.randint(0, 3, (rows,), generator=gen)} for _ in range(n)]
-
-
-def engine(model, **kw):
-    return outcore.Engine(model, optimizer=outcore.AdamW(lr=LR, eps=EPS, weight_decay=WD),
-                          device="cpu", **kw)
 
 
 def plain(model, data, clip=None, lrs=None):

@@ -11,17 +11,7 @@ from torch import nn
 import outcore
 from outcore import OutcoreError
 
-LR, EPS, WD = 3e-3, 1e-6, 0.1
-
-
-def one_line(e) -> str:
-    msg = str(e.value)
-    assert "\n" not in msg and len(msg) < 300, msg
-    return msg
-
-
-def ce(out, batch):
-    return nn.functional.cross_entropy(out, batch["y"])
+from .testlib import EPS, LR, WD, ce, engine, one_line
 
 
 def batches(n=3, rows=5, seed=3):
@@ -53,11 +43,6 @@ class Net(nn.Module):
         for blk in self.stack:
             h = blk(h)
         return self.head(h)
-
-
-def engine(model, **kw):
-    return outcore.Engine(model, optimizer=outcore.AdamW(lr=LR, eps=EPS, weight_decay=WD),
-                          device="cpu", **kw)
 
 
 def assert_trains_like_pytorch(model, data, **kw):
