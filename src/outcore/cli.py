@@ -89,8 +89,7 @@ def _run_train(args) -> int:
     from . import config, train
     from .parallel.launch import init_distributed, relaunch, shutdown, under_torchrun
     flags = {k: v for k, v in vars(args).items()
-             if k not in ("func", "config", "command", "nproc", "argv", "flag_names",
-                          "uniform_error")}
+             if k not in ("func", "config", "command", "nproc", "argv", "flag_names")}
     args.uniform_error = True   # an error from here to the build: every rank's alike (_say)
     file_values = config.load_toml(args.config) if args.config else {}
     for key in file_values:   # errors keep a file's spelling for the keys it set and no

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 
 import torch
@@ -89,11 +90,7 @@ def block_input(mod: nn.Module, name: str, args: tuple, kw: dict):
     if args:
         hidden, rest = args[0], args[1:]
     else:
-        try:
-            first = next(iter(list(inspect.signature(type(mod).forward).parameters)[1:]),
-                         "hidden_states")
-        except (TypeError, ValueError):   # a builtin or C forward: no names to match
-            first = "hidden_states"
+        first = _input_name(type(mod))
         key = first if first in kw else "hidden_states"
         if key not in kw:
             raise OutcoreError(f"block {name!r} was called with no input (keywords "
@@ -111,6 +108,17 @@ def block_input(mod: nn.Module, name: str, args: tuple, kw: dict):
                 "passes gradients through a block's hidden state and its own weights only; "
                 "compute it inside the block, or .detach() it to train without that path")
     return hidden, rest
+
+
+@functools.lru_cache(maxsize=None)
+def _input_name(cls: type) -> str:
+    """The name of cls.forward's first parameter after self (once per block class: a
+    block called by keyword is called so every step)."""
+    try:
+        return next(iter(list(inspect.signature(cls.forward).parameters)[1:]),
+                    "hidden_states")
+    except (TypeError, ValueError):   # a builtin or C forward: no names to match
+        return "hidden_states"
 
 
 def _grad_arg(obj, where: str) -> str | None:
