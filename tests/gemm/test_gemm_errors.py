@@ -1,5 +1,7 @@
 """Bad input: one-line ValueError/TypeError saying what to change."""
 
+import warnings
+
 import numpy as np
 import pytest
 import torch
@@ -51,6 +53,22 @@ def test_out_overlapping_an_input_and_read_only_out(tmp_path):
     ro = np.memmap(p, dtype=np.float32, mode="r", shape=(6, 5))
     with pytest.raises(OutcoreError, match="read-only.*'r\\+'"):
         matmul(A.numpy(), B.numpy(), out=ro, devices="cpu")
+
+
+def test_tensor_over_a_read_only_memmap_is_refused_not_a_segfault(tmp_path):
+    """torch.from_numpy of a mode-'r' memmap: a store into it would kill the process."""
+    p = tmp_path / "c.bin"
+    np.zeros((6, 5), dtype=np.float32).tofile(p)
+    ro = np.memmap(p, dtype=np.float32, mode="r", shape=(6, 5))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")   # torch's "not writable" warning
+        t = torch.from_numpy(ro)
+    with pytest.raises(OutcoreError, match=r"read-only.*'r\+'") as e:
+        matmul(A, B, out=t, devices="cpu")
+    one_line(e)
+    rw = torch.from_numpy(np.memmap(p, dtype=np.float32, mode="r+", shape=(6, 5)))
+    matmul(A, B, out=rw, devices="cpu")   # the same file opened for writing works
+    torch.testing.assert_close(rw, A @ B)
 
 
 def test_gpu_tensor_is_a_type_error_naming_the_fix():

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import mmap
 import numbers
 import os
@@ -133,6 +135,9 @@ def check_out(out, m: int, n: int, dtype: torch.dtype, a, b) -> None:
     if isinstance(out, np.ndarray) and not out.flags.writeable:
         raise OutcoreError("out is read-only (a memmap opened with mode 'r'?): open it with "
                            "mode 'r+' or 'w+'")
+    if isinstance(out, torch.Tensor) and out.device.type == "cpu" and not _writable(out):
+        raise OutcoreError("out's memory is read-only (torch.from_numpy of a memmap opened "
+                           "with mode 'r'?): open it with mode 'r+' or 'w+'")
     if _self_overlaps(out):
         raise OutcoreError(f"out's elements share memory (strides {_strides(out)} for shape "
                            f"{tuple(out.shape)}, e.g. from expand or as_strided): pass an out whose "
@@ -150,6 +155,41 @@ def check_out(out, m: int, n: int, dtype: torch.dtype, a, b) -> None:
             raise OutcoreError(f"out overlaps {name} in the file {where[0]} (two memmaps of "
                                f"it): tiles of out would overwrite {name} while it is read; "
                                "pass an out in another file or another part of it")
+
+
+def _writable(t: torch.Tensor) -> bool:
+    """Can the process write t's first and last bytes? torch.from_numpy of a read-only
+    memmap gives a tensor whose writes fault (a segfault, not an exception), so the kernel
+    is asked instead: read(2) from a pipe into an address returns EFAULT where a store
+    would fault. Each probed byte is written back with its own value. True where the
+    probe cannot run (no libc, not Linux)."""
+    lo, hi = _span(t)
+    if hi <= lo:
+        return True
+    libc = _libc()
+    if libc is None:
+        return True
+    r, w = os.pipe()
+    try:
+        for addr in {lo, hi - 1}:
+            os.write(w, ctypes.string_at(addr, 1))   # its own value: reading is allowed
+            if libc.read(r, ctypes.c_void_p(addr), 1) != 1:
+                return False
+    finally:
+        os.close(r)
+        os.close(w)
+    return True
+
+
+@functools.lru_cache(maxsize=1)
+def _libc():
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.read.argtypes = (ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t)
+        libc.read.restype = ctypes.c_ssize_t
+        return libc
+    except (OSError, AttributeError):
+        return None
 
 
 def _file_span(x) -> tuple[str, int, int] | None:
