@@ -1,0 +1,80 @@
+#!/usr/bin/env python3
+"""One bench/stream.py case at two source trees, alternated (ABBA), with a table last.
+
+    tar -xf build/src-old.tar -C old     # the old commit's src, bench/*.py and bench/diag
+    OUTCORE_COMMIT=<new sha> PYTHONPATH=src python3 bench/tree_ab.py --old-dir old \
+        --old-commit <old sha> --tag s43 --out-dir $OUT
+
+Runs bench/stream.py (outcore alone, compiled, no largest row, no GPU tests) in the old
+tree, this tree, this tree, the old tree, each its own process and results file
+(stream-h200-ab-<tag>-{old,new}{1,2}.json in each tree's bench/results, copied to
+--out-dir with each run's log), then prints every run's median step and time split. The
+order cancels a drift of the machine over the call; two runs a tree show the spread.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def _run(tree: Path, commit: str, name: str, args, out_dir: Path) -> dict | None:
+    cmd = [sys.executable, "bench/stream.py", "--cases", args.case, "--systems", "outcore",
+           "--compiled", "--largest", "0", "--skip-tests", "--timeout", str(args.timeout),
+           "--steps", str(args.steps), "--out", name]
+    env = dict(os.environ, OUTCORE_COMMIT=commit, PYTHONPATH="src", PYTHONUNBUFFERED="1")
+    log = out_dir / f"{name}.log"
+    with open(log, "w") as f:
+        rc = subprocess.run(cmd, cwd=tree, env=env, stdout=f, stderr=subprocess.STDOUT,
+                            timeout=args.timeout + 60).returncode
+    result = tree / "bench" / "results" / f"{name}.json"
+    print(f"{name}: rc {rc}", flush=True)
+    if not result.exists():
+        return None
+    shutil.copy(result, out_dir / result.name)
+    rows = [r for r in json.loads(result.read_text())["runs"] if r.get("system") == "outcore"]
+    return rows[0] if rows else None
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--old-dir", required=True, help="the old tree (src, bench)")
+    ap.add_argument("--old-commit", required=True)
+    ap.add_argument("--case", default="3b-16k")
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--timeout", type=int, default=185, help="seconds per run's case")
+    ap.add_argument("--tag", required=True)
+    ap.add_argument("--out-dir", required=True)
+    args = ap.parse_args()
+    new_commit = os.environ.get("OUTCORE_COMMIT", "unknown")
+    out_dir = Path(args.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    trees = {"old": (Path(args.old_dir).resolve(), args.old_commit),
+             "new": (HERE.parent, new_commit)}
+    rows = []
+    for label in ("old1", "new1", "new2", "old2"):
+        tree, commit = trees[label[:3]]
+        row = _run(tree, commit, f"stream-h200-ab-{args.tag}-{label}", args, out_dir)
+        rows.append((label, commit[:7], row))
+    print(f"\n{'run':5} {'commit':8} {'step_s':>7} {'mean_s':>7} {'compute':>8} "
+          f"{'copy_w':>7} {'opt_w':>7} {'dev_params':>11} {'peak_gb':>8}")
+    for label, commit, r in rows:
+        if r is None:
+            print(f"{label:5} {commit:8} no result")
+            continue
+        steps = [s["step_s"] for s in r.get("steps", [])]   # the measured steps only
+        mean = sum(steps) / len(steps) if steps else float("nan")
+        print(f"{label:5} {commit:8} {r['step_s']:7.3f} {mean:7.3f} {r['compute_s']:8.3f} "
+              f"{r['copy_wait_s']:7.3f} {r['optimizer_wait_s']:7.3f} "
+              f"{r['device_updated_params'] / 1e9:10.2f}B {r['peak_gpu_gb']:8.2f}")
+
+
+if __name__ == "__main__":
+    main()
