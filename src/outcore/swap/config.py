@@ -34,7 +34,8 @@ class SwapConfig:
                     see params.py for when they live where). Each parameter must be used
                     only in the forward of the module that owns it (nn.MultiheadAttention,
                     which reads its out_proj weight itself, moves as one unit with
-                    out_proj); a frozen one (requires_grad=False) must change only through
+                    out_proj); the first forward of each new input signature checks it
+                    and refuses in one line (param_guard.py); a frozen one (requires_grad=False) must change only through
                     in-place ops that bump its version (copy_ under no_grad), not .data.
     param_prefetch_bytes  window of parameter prefetch (next modules' weights).
     force_copy      swap tensors that already live in host memory (CPU device) too, through

@@ -31,6 +31,7 @@ from ..errors import OutcoreError
 from .activations import ActivationSwapper
 from .config import SwapConfig
 from .host import HostStore
+from .param_guard import ParamGuard, wanted as guard_wanted
 from .params import ParamSwapper, _tensors
 from .report import CopyClock, SwapReport
 
@@ -60,6 +61,8 @@ class Swap:
         self._entered = 0           # `with` blocks of this swap entered and not left
         self._final: SwapReport | None = None
         self.params = None
+        self._guard: ParamGuard | None = None   # this forward's check of parameter reads
+        self._checked: set = set()    # forward signatures already checked by a guard
         self._handles = [model.register_forward_pre_hook(self._enter, with_kwargs=True)]
         try:
             if config.swap_params:
@@ -92,6 +95,9 @@ class Swap:
             if self.params is not None:
                 self.params.begin_forward()
             sig = signature(module, args, kwargs)
+            if self.params is not None and guard_wanted(module, self._checked, sig):
+                self._guard = ParamGuard(self.params)
+                self._guard.__enter__()
             self._hooked = not self.acts.fits_unhooked(sig)
             if self._hooked:
                 self.acts.begin_forward(sig)
@@ -102,6 +108,11 @@ class Swap:
             ctx = saved_tensors_hooks(self.acts.pack, self.acts.unpack)
             ctx.__enter__()
         self._stack.append(ctx)
+
+    def _pop_guard(self) -> None:
+        if self._guard is not None:
+            self._guard.__exit__(None, None, None)
+            self._guard = None
 
     def _pop_hooks(self) -> None:
         """Leave the innermost forward's saved-tensor hooks (None: it ran unhooked)."""
@@ -122,8 +133,10 @@ class Swap:
             self._frames.pop()
             self._pop_hooks()
             self._depth = max(0, self._depth - 1)
-            if self._depth == 0 and self._hooked:
-                self.acts.end_forward([], failed=True)
+            if self._depth == 0:
+                self._pop_guard()
+                if self._hooked:
+                    self.acts.end_forward([], failed=True)
 
     def _exit(self, module, args, output) -> None:
         if self._frames:
@@ -131,6 +144,7 @@ class Swap:
         self._pop_hooks()
         self._depth = max(0, self._depth - 1)
         if self._depth == 0:
+            self._pop_guard()
             outs = _tensors(output)
             # Run from torch's `except` when forward raised: a forward that stopped part
             # way saved only part of its tensors, so it cannot vouch for the next.
@@ -173,6 +187,7 @@ class Swap:
         self._frames.clear()
         while self._stack:  # close() inside the model's forward, or after one interrupted
             self._pop_hooks()   # (KeyboardInterrupt: torch ran no always-call hook)
+        self._pop_guard()
         if self._depth:  # ... whose dedup table would keep its saved tensors and runs
             self._depth = 0
             self.acts.end_forward([], failed=True)

@@ -14,7 +14,8 @@ When parameters live where, for each managed parameter p (one that owns its whol
                   so does any optimizer's step (a global step pre-hook, while swapping)
                   and the model's state_dict().
 A parameter used outside the forward of the module that owns it is not supported (but
-nn.MultiheadAttention moves as one unit with its out_proj, which it reads itself).
+nn.MultiheadAttention moves as one unit with its out_proj, which it reads itself); the
+first forward of each input signature refuses such a read in one line (param_guard.py).
 """
 
 from __future__ import annotations

@@ -1,0 +1,83 @@
+"""With swap_params: refuse a read of a parameter whose storage is in host memory.
+
+Between its module's calls a swapped parameter keeps its tensor object but no device
+storage (params.py). Code that reads it outside that module's forward (a tied head as
+`h @ self.emb.weight.t()` in the parent's forward, a pre-hook of the root module) would
+read freed memory: a bounds error deep in torch at best, a segfault (CPU) or a faulted
+CUDA context at worst. A TorchFunctionMode sees each op's arguments before the op runs and
+raises a one-line error naming the parameter and its module instead.
+
+It costs a Python call per op, so it runs only on a forward whose signature (inputs'
+shapes, training mode, ...: context.signature) has not been checked yet, up to
+MAX_CHECKED signatures; code that reads a parameter outside its module only on some later
+forward of an already-checked signature is not caught. Nor is an inference forward
+(eval or no_grad) of a model holding an nn.MultiheadAttention: its fast paths (and
+TransformerEncoderLayer's) are taken only while no torch-function mode is active, so a
+guarded forward would round differently from the unguarded ones after it.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_leaves
+
+from ..errors import OutcoreError
+
+MAX_CHECKED = 64   # signatures checked per swap; variable shapes stop being checked after
+_OWN = __name__.rpartition(".")[0]   # outcore.swap: its own moves of the parameters
+# Ops that read a tensor's metadata, never its elements: allowed on a swapped-out parameter
+# (a hook asking whether it is resident). "__get__"/"__set__": attributes (shape, grad,
+# requires_grad, ...); those that make views (.T) fail cleanly on freed storage anyway.
+_METADATA = frozenset({
+    "__get__", "__set__", "size", "dim", "numel", "element_size", "stride", "storage_offset",
+    "is_contiguous", "untyped_storage", "data_ptr", "nbytes", "itemsize", "is_floating_point",
+    "is_complex", "is_pinned", "get_device", "__hash__", "register_hook", "retain_grad",
+    "requires_grad_"})
+
+
+def wanted(model: torch.nn.Module, checked: set, sig) -> bool:
+    """Guard a forward of `sig` (context.signature) now? See the module docstring."""
+    if sig in checked or len(checked) >= MAX_CHECKED:
+        return False
+    inference = not (model.training and torch.is_grad_enabled())
+    if inference and any(isinstance(m, torch.nn.MultiheadAttention) for m in model.modules()):
+        return False
+    checked.add(sig)
+    return True
+
+
+class ParamGuard(TorchFunctionMode):
+    """Active for one forward: raises before any op reads a swapped-out parameter."""
+
+    def __init__(self, swapper):
+        super().__init__()
+        self.swapper = swapper
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        # The caller of the op: the swapper's own moves (resize_, copy_) of a parameter
+        # not on the device are its business, not a misuse.
+        caller = sys._getframe(1).f_globals.get("__name__", "")
+        if not caller.startswith(_OWN) and getattr(func, "__name__", "") not in _METADATA:
+            slots = self.swapper.slots
+            for t in tree_leaves((args, kwargs)):
+                s = slots.get(id(t)) if isinstance(t, torch.Tensor) else None
+                if s is not None and s.param is t and not s.on_device:
+                    raise OutcoreError(self._message(t, func))
+        return func(*args, **kwargs)
+
+    def _message(self, p: torch.Tensor, func) -> str:
+        model = self.swapper.model
+        name = next((n for n, q in model.named_parameters(remove_duplicate=False) if q is p),
+                    "a parameter")
+        owners = [n or type(model).__name__ for n, m in model.named_modules()
+                  if any(q is p for q in m.parameters(recurse=False))]
+        what = getattr(func, "__name__", str(func))
+        return (f"outcore.swap(swap_params=True): {name} was read by {what} outside the "
+                f"forward of {' / '.join(owners) or 'its module'}, which owns it (between "
+                "that module's calls the parameter lives in host memory): read it only "
+                "inside its module's forward (a tied head: an nn.Linear whose weight is the "
+                "same Parameter), or pass swap_params=False")
