@@ -49,7 +49,10 @@ def main() -> None:
     ap.add_argument("--old-commit", required=True)
     ap.add_argument("--case", default="3b-16k")
     ap.add_argument("--steps", type=int, default=8)
-    ap.add_argument("--timeout", type=int, default=185, help="seconds per run's case")
+    ap.add_argument("--timeout", type=int, default=185, help="seconds per run's case (the "
+                    "first process on a fresh machine took over 120 s in session 43)")
+    ap.add_argument("--order", default="old1,new1,new2,old2", help="runs in order: old<N> "
+                    "or new<N>")
     ap.add_argument("--tag", required=True)
     ap.add_argument("--out-dir", required=True)
     args = ap.parse_args()
@@ -59,7 +62,7 @@ def main() -> None:
     trees = {"old": (Path(args.old_dir).resolve(), args.old_commit),
              "new": (HERE.parent, new_commit)}
     rows = []
-    for label in ("old1", "new1", "new2", "old2"):
+    for label in args.order.split(","):
         tree, commit = trees[label[:3]]
         row = _run(tree, commit, f"stream-h200-ab-{args.tag}-{label}", args, out_dir)
         rows.append((label, commit[:7], row))
