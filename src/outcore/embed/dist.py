@@ -8,6 +8,7 @@ the next holder reads it whole."""
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import tempfile
 import time
@@ -16,6 +17,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from . import childerr
 from .buckets import StoreScheduler
 from .config import EmbedConfig
 from .sampling import EpochSource, NegativeSampler
@@ -128,13 +130,42 @@ def torchrun_fit(trainer, el, plan, table_kwargs: dict):
 
 
 def _spawn_entry(rank, world, cfg, devices, table_args, capacity, data_path, num_nodes,
-                 addr, port, result_path):
-    z = np.load(data_path)
-    weight = z["weight"] if "weight" in z.files else None
-    res = run_rank(rank, world, cfg, devices[rank], table_args, capacity, z["src"], z["dst"],
-                   weight, num_nodes, addr, port)
+                 addr, port, result_path, error_paths):
+    try:
+        z = np.load(data_path)
+        weight = z["weight"] if "weight" in z.files else None
+        res = run_rank(rank, world, cfg, devices[rank], table_args, capacity, z["src"],
+                       z["dst"], weight, num_nodes, addr, port)
+    except Exception as e:
+        childerr.save(e, error_paths[rank])   # a one-line error for the parent to raise
+        raise
     if rank == 0:
         torch.save(res, result_path)
+
+
+def _spawn(mp, cfg, el, devices, plan, table_args, tmp):
+    """Write the edges into tmp, run the children, return rank 0's gathered stats."""
+    data_path = os.path.join(tmp, "edges.npz")
+    arrays = {"src": el.src, "dst": el.dst}
+    if el.weight is not None:
+        arrays["weight"] = el.weight
+    np.savez(data_path, **arrays)
+    result_path = os.path.join(tmp, "result.pt")
+    error_paths = [os.path.join(tmp, f"error-{r}.pkl") for r in range(len(devices))]
+    port = _free_port()
+    from tqdm import tqdm
+    if cfg.progress:
+        tqdm.write(f"embed: {len(devices)} processes on {', '.join(map(str, devices))}")
+    try:
+        mp.spawn(_spawn_entry, nprocs=len(devices), join=True,
+                 args=(len(devices), cfg, [str(d) for d in devices], table_args, plan.capacity,
+                       data_path, el.num_nodes, "127.0.0.1", port, result_path, error_paths))
+    except mp.ProcessRaisedException as e:
+        err = childerr.load(error_paths, e.error_index)
+        if err is None:
+            raise                        # not a user error: the child's full traceback
+        raise err from None              # as the single-process path raises it
+    return torch.load(result_path, weights_only=False)
 
 
 def spawn_fit(trainer, el, devices, plan):
@@ -151,25 +182,12 @@ def spawn_fit(trainer, el, devices, plan):
             base = None
     except OSError:
         base = None
-    tmp = tempfile.mkdtemp(prefix="outcore-embed-", dir=base)
-    data_path = os.path.join(tmp, "edges.npz")
-    arrays = {"src": el.src, "dst": el.dst}
-    if el.weight is not None:
-        arrays["weight"] = el.weight
-    np.savez(data_path, **arrays)
-    result_path = os.path.join(tmp, "result.pt")
-    port = _free_port()
     cfg = trainer.cfg
-    from tqdm import tqdm
-    if cfg.progress:
-        tqdm.write(f"embed: {len(devices)} processes on {', '.join(map(str, devices))}")
-    mp.spawn(_spawn_entry, nprocs=len(devices), join=True,
-             args=(len(devices), cfg, [str(d) for d in devices], table_args, plan.capacity,
-                   data_path, el.num_nodes, "127.0.0.1", port, result_path))
-    res = torch.load(result_path, weights_only=False)
-    for f in (data_path, result_path):
-        os.remove(f)
-    os.rmdir(tmp)
+    tmp = tempfile.mkdtemp(prefix="outcore-embed-", dir=base)
+    try:                                 # the edges' copy goes also when a child fails
+        res = _spawn(mp, cfg, el, devices, plan, table_args, tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     # the children wrote the shared file; reopen so this process sees their flags
     trainer.table = EmbeddingTable(**table_args, create=False)
     done = sum(r["edges"] for r in res)

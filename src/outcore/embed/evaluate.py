@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import OutcoreError
+from .checked import host_tensor
 from .table import EmbeddingTable
 
 
@@ -124,8 +125,8 @@ def _exact_ranks(emb, src, dst, N, W, d, score, chunk, dev) -> torch.Tensor:
         S, T = F.normalize(S, dim=-1), F.normalize(T, dim=-1)
     ranks = []
     for lo in range(0, len(src), chunk):
-        cs = torch.from_numpy(src[lo:lo + chunk]).to(dev)
-        ct = torch.from_numpy(dst[lo:lo + chunk]).to(dev)
+        cs = host_tensor(src[lo:lo + chunk]).to(dev)       # read_edges' are read-only
+        ct = host_tensor(dst[lo:lo + chunk]).to(dev)
         A, Bt = S[cs], T[ct]
         pos = (A * Bt).sum(1)
         for anchor, cands, true in ((A, T, ct), (Bt, S, cs)):

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import OutcoreError
+from . import checked
 from .textio import format_int_columns, parse_string_chunk, sniff
 from .textread import read_numeric
 
@@ -23,7 +24,8 @@ class EdgeList:
     """src, dst: E int arrays (node ids 0..num_nodes-1); weight: E float32 or None.
 
     names: for string ids, names[i] is node i's original id. stats: what reading did
-    (self-loops dropped, header skipped, ...), for the run summary.
+    (self-loops dropped, header skipped, ...), for the run summary. The arrays of one
+    read_edges returns are read-only: training trusts them unchecked (see checked.py).
     """
 
     src: np.ndarray
@@ -32,6 +34,7 @@ class EdgeList:
     weight: np.ndarray | None = None
     names: list[str] | None = None
     stats: dict = field(default_factory=dict)
+    _checked: tuple | None = field(default=None, init=False, repr=False, compare=False)
 
     def __len__(self) -> int:
         return int(self.src.shape[0])
@@ -122,8 +125,8 @@ def read_edges(path: str, *, header: bool | None = None, string_ids: bool | None
     stats["self_loops"] = n_loops
     stats["self_loops_dropped"] = n_loops if self_loops == "drop" else 0
     idt = np.int32 if num_nodes < 2**31 else np.int64
-    return EdgeList(src.astype(idt, copy=False), dst.astype(idt, copy=False), num_nodes,
-                    w, names, stats)
+    return checked.mark(EdgeList(src.astype(idt, copy=False), dst.astype(idt, copy=False),
+                                 num_nodes, w, names, stats))
 
 
 def _check_file(path: str) -> None:

@@ -4,7 +4,8 @@
   shuffles on the device) or, for weighted graphs, E edges drawn with probability
   proportional to weight.
 - DeepWalk / node2vec: walks from every node (vectorised over all walkers at once; node2vec's
-  p, q bias by rejection sampling), then every pair within `window` steps is a positive.
+  p, q bias exactly, mostly by rejection sampling: node2vec.py), then every pair within
+  `window` steps is a positive.
 - Negatives: nodes drawn by degree**power from the partition that a side of the bucket
   lives in, by searchsorted into a per-partition cumulative table, on the device.
 """
@@ -20,6 +21,7 @@ import torch
 from .buckets import BucketedEdges
 from .config import EmbedConfig
 from .graph import csr
+from .node2vec import biased_step
 
 
 class NegativeSampler:
@@ -60,26 +62,14 @@ def random_walks(indptr, indices, starts, length, rng, p=1.0, q=1.0, keys=None):
     biased = (p != 1.0 or q != 1.0)
     if biased and keys is None:
         keys = np.repeat(np.arange(N, dtype=np.int64), deg) * N + indices
-    top = max(1.0 / p, 1.0, 1.0 / q)
     for t in range(1, length):
         idx = np.flatnonzero(alive)
         if idx.size == 0:
             break
         c = cur[idx]
         nxt = indices[indptr[c] + (rng.random(idx.size) * deg[c]).astype(np.int64)]
-        if biased and t > 1:
-            todo = np.arange(idx.size)
-            for _ in range(8):                    # rejection rounds; leftovers keep a draw
-                pv, cand = prev[idx[todo]], nxt[todo]
-                k = np.searchsorted(keys, pv * N + cand)
-                near = keys[np.minimum(k, len(keys) - 1)] == pv * N + cand
-                prob = np.where(cand == pv, 1.0 / p, np.where(near, 1.0, 1.0 / q)) / top
-                rej = rng.random(todo.size) >= prob
-                todo = todo[rej]
-                if todo.size == 0:
-                    break
-                cc = c[todo]
-                nxt[todo] = indices[indptr[cc] + (rng.random(todo.size) * deg[cc]).astype(np.int64)]
+        if biased and t > 1:                      # exact for any p, q: see node2vec.py
+            biased_step(indptr, indices, deg, keys, N, prev[idx], c, nxt, p, q, rng)
         prev[idx], cur[idx] = c, nxt
         walks[idx, t] = nxt
         alive[idx] = deg[nxt] > 0

@@ -19,6 +19,7 @@ import torch
 from ..errors import OutcoreError
 from ..units import fmt_bytes
 from .buckets import BucketScheduler
+from .checked import is_checked
 from .config import EmbedConfig
 from .graph import EdgeList
 from .output import save_embeddings
@@ -54,8 +55,11 @@ def resolve_devices(devices) -> list[torch.device]:
 
 def as_edgelist(edges, num_nodes=None) -> EdgeList:
     """A checked EdgeList: a hand-built one (or one an --holdout emptied) gets the same
-    one-line errors as a (src, dst) pair, not a failure deep inside training."""
+    one-line errors as a (src, dst) pair, not a failure deep inside training. One from
+    read_edges, unchanged since, was checked there: no second pass (see checked.py)."""
     if isinstance(edges, EdgeList):
+        if is_checked(edges):
+            return edges
         el, num_nodes = edges, edges.num_nodes
         edges = (el.src, el.dst)
     elif not (isinstance(edges, (tuple, list)) and len(edges) == 2):
@@ -76,19 +80,23 @@ def as_edgelist(edges, num_nodes=None) -> EdgeList:
                                   or num_nodes < 1):
         raise OutcoreError(f"num_nodes={num_nodes!r} must be a positive integer (ids are "
                            "0..num_nodes-1), or leave it out to take the largest id + 1")
+    n = scan_edges(src, dst, num_nodes, None if el is None else el.weight)
+    return EdgeList(src, dst, n) if el is None else el
+
+
+def scan_edges(src, dst, num_nodes, weight) -> int:
+    """The full passes over the edges: ids in 0..n-1 and weights (if any) finite, >= 0 and
+    not all zero; returns n (num_nodes, or the largest id + 1 when None)."""
     n = int(max(src.max(), dst.max())) + 1 if num_nodes is None else int(num_nodes)
     if min(src.min(), dst.min()) < 0 or max(src.max(), dst.max()) >= n:
         raise OutcoreError(f"node ids must lie in 0..{n - 1}")
-    if el is None:
-        return EdgeList(src, dst, n)
-    w = el.weight
-    if w is not None:
-        w = np.asarray(w)
+    if weight is not None:
+        w = np.asarray(weight)
         if w.shape != src.shape or w.dtype.kind not in "fiu" or not np.isfinite(w).all() \
                 or (w < 0).any() or not w.sum() > 0:
             raise OutcoreError("edge weights must be one finite number >= 0 per edge, not all "
                                "zero")
-    return el
+    return n
 
 
 # Host bytes a node costs whatever the table's storage: its degree and its entry in the

@@ -15,6 +15,7 @@ from ..errors import OutcoreError
 from ..memory import pin_, unpin_
 from ..transfer import Lanes, host_wait
 from .buckets import WAIT, BucketedEdges
+from .checked import host_tensor
 from .config import EmbedConfig
 from .device import PartitionCache
 from .optim import RowOptimizer
@@ -148,7 +149,7 @@ class Worker:
         if self.device.type == "cuda" and small and getattr(edges, "_pinned", None) is None:
             edges._pinned = []
             for arr in (edges.src, edges.dst):
-                t = torch.from_numpy(arr)
+                t = host_tensor(arr)
                 try:
                     if pin_(t) is t:  # registered in place (small arrays stay pageable)
                         edges._pinned.append(t)
@@ -184,8 +185,8 @@ class Worker:
         L.wait(self.edge_stream, buf.busy)
         with L.on(self.edge_stream):
             nb = L.cuda
-            buf.src[:e - s].copy_(torch.from_numpy(edges.src[s:e]), non_blocking=nb)
-            buf.dst[:e - s].copy_(torch.from_numpy(edges.dst[s:e]), non_blocking=nb)
+            buf.src[:e - s].copy_(host_tensor(edges.src[s:e]), non_blocking=nb)
+            buf.dst[:e - s].copy_(host_tensor(edges.dst[s:e]), non_blocking=nb)
         buf.loaded = L.event(self.edge_stream)
 
     def _bucket(self, a: int, b: int, edges: BucketedEdges, bar) -> torch.Tensor:
