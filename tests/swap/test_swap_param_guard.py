@@ -97,3 +97,23 @@ def test_guard_is_popped_when_the_forward_raises():
             model(torch.randint(0, 50, (2, 3)))
         assert torch._C._len_torch_function_stack() == 0
     assert torch._C._len_torch_function_stack() == 0
+
+
+@pytest.mark.parametrize("how", ["wrapped submodule", "wrapped model", "compiled in place"])
+def test_a_compiled_module_is_refused_up_front(how):
+    """Compiled code reads parameters without the hooks that fetch them (it failed inside
+    dynamo or inductor); nothing is compiled here: the refusal comes before any forward."""
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 4))
+    if how == "wrapped submodule":
+        model[0] = torch.compile(model[0])
+    elif how == "wrapped model":
+        model = torch.compile(model)
+    else:
+        model[2].compile()
+    with pytest.raises(OutcoreError, match="torch.compile'd.*swap_params=False") as e:
+        outcore.swap(model, **PARAMS)
+    _one_line(e)
+    inner = getattr(model, "_orig_mod", model)
+    assert all(not m._forward_pre_hooks for m in inner.modules())   # nothing left installed
+    s = outcore.swap(model, min_swap_bytes=1, force_copy=True)   # activations alone: fine
+    s.close()

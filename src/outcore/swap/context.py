@@ -31,7 +31,7 @@ from ..errors import OutcoreError
 from .activations import ActivationSwapper
 from .config import SwapConfig
 from .host import HostStore
-from .param_guard import ParamGuard, wanted as guard_wanted
+from .param_guard import ParamGuard, refuse_compiled, wanted as guard_wanted
 from .params import ParamSwapper, _tensors
 from .report import CopyClock, SwapReport
 
@@ -66,6 +66,7 @@ class Swap:
         self._handles = [model.register_forward_pre_hook(self._enter, with_kwargs=True)]
         try:
             if config.swap_params:
+                refuse_compiled(model)
                 self.params = ParamSwapper(model, self.store, self._report, self.clock,
                                            config.param_prefetch_bytes, config.force_copy)
                 self._handles += self.params.install()

@@ -38,6 +38,22 @@ _METADATA = frozenset({
     "requires_grad_"})
 
 
+def refuse_compiled(model: torch.nn.Module) -> None:
+    """swap_params cannot serve a torch.compile'd module: its compiled code reads the
+    parameters without running the module hooks that fetch them (it failed inside
+    dynamo or inductor). Saved activations still swap under torch.compile."""
+    for name, m in model.named_modules():
+        compiled = (getattr(m, "_compiled_call_impl", None) is not None   # Module.compile()
+                    or type(m).__module__.startswith("torch._dynamo"))   # torch.compile(m)
+        if compiled:
+            what = f"'{name}'" if name else f"the model ({type(model).__name__})"
+            raise OutcoreError(f"outcore.swap(swap_params=True) cannot move the parameters "
+                               f"of {what}: it is torch.compile'd, and compiled code reads "
+                               "parameters without the module hooks that fetch them: leave "
+                               "it uncompiled, or pass swap_params=False (saved activations "
+                               "still swap under torch.compile)")
+
+
 def wanted(model: torch.nn.Module, checked: set, sig) -> bool:
     """Guard a forward of `sig` (context.signature) now? See the module docstring."""
     if sig in checked or len(checked) >= MAX_CHECKED:
