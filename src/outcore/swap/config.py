@@ -36,8 +36,9 @@ class SwapConfig:
                     which reads its out_proj weight itself, moves as one unit with
                     out_proj); the first forward of each new input signature checks it
                     and refuses in one line (param_guard.py), as does a model with a
-                    torch.compile'd module (compiled code skips the fetching hooks); a frozen one (requires_grad=False) must change only through
-                    in-place ops that bump its version (copy_ under no_grad), not .data.
+                    torch.compile'd module (compiled code skips the fetching hooks); a
+                    frozen one (requires_grad=False) must change only through in-place
+                    ops that bump its version (copy_ under no_grad), not .data.
     param_prefetch_bytes  window of parameter prefetch (next modules' weights).
     force_copy      swap tensors that already live in host memory (CPU device) too, through
                     a separate host buffer: lets CPU tests exercise the offload path.
