@@ -40,6 +40,13 @@ PROBE = (256, 4096, 4096)   # rows, k, n of the rate probe: about 9 GFLOP, ~10 m
 BAND_COMPUTES = ("fp32", "tf32", "fp64")
 
 
+def runs_on_host(compute: str, dtype: torch.dtype) -> bool:
+    """Whether a band may run `compute` on matrices of `dtype`: it multiplies in C's dtype,
+    so fp64 only on float64 data (float32 data under compute="fp64" got fp32 arithmetic in
+    the band's rows, fp64 in the GPUs')."""
+    return compute in BAND_COMPUTES and (compute != "fp64" or dtype == torch.float64)
+
+
 def band_threads(n_gpus: int) -> int:
     """Host threads for the band: a core kept for each GPU worker's host thread (it
     enqueues the GPU's copies and GEMMs; a late enqueue idles the GPU) and one spare."""

@@ -24,8 +24,9 @@ from tqdm import tqdm
 from ..errors import OutcoreError
 from ..units import fmt_bytes, parse_bytes
 from .computes import STRASSEN
-from .band import BAND_COMPUTES, MIN_ROWS, Band, band_rows, band_threads, cpu_rate
+from .band import MIN_ROWS, Band, band_rows, band_threads, cpu_rate, runs_on_host
 from .hostmat import HostMatrix
+from .model import Rates
 from .plan import make_plan
 from .schedule import TileQueue, run_workers
 from .stats import DeviceStats, GemmStats
@@ -166,10 +167,15 @@ def matmul(A, B, out=None, *, transa: bool = False, transb: bool = False, alpha:
         whole = GemmJob(make_plan(m, n, k, n_devices=len(workers), **kw), ha, hb, hc,
                         ta=ta, tb=tb, alpha=alpha, beta=beta)
         band = Band(whole, m, band_threads(len(gpus)))
-        if helper and compute in BAND_COMPUTES and band.views() is not None:
+        if helper and runs_on_host(compute, dtype) and band.views() is not None:
             # the GPUs' time for the whole product by the planner's model (a shared plan
-            # has no estimate: a lone GPU's, shared evenly)
-            gpu_s = make_plan(m, n, k, n_devices=1, **kw).est_seconds / len(gpus)
+            # has no estimate: a lone GPU's, shared evenly). A lone GPU's plan that does
+            # not cache everything (out of core) has none either: the time at the GPUs'
+            # peak rate then, a lower bound, so that the band still ends before them.
+            est = make_plan(m, n, k, n_devices=1, **kw).est_seconds
+            if est is None:
+                est = 2.0 * m * n * k / Rates().flops[compute]
+            gpu_s = est / len(gpus)
             band.r0 = m - band_rows(m, n, k, gpu_s, cpu_rate(dtype, band.threads))
         job = band.job_above(make_plan(band.r0, n, k, n_devices=len(workers), **kw)
                              if band.r0 < m else whole.plan)
