@@ -67,3 +67,18 @@ def test_fp64_compute_on_fp32_data_stays_fp64_in_the_cpu_band(gpu_and_cpu):
     want = A.double() @ B.double()
     rel = ((out.double() - want).abs() / want.abs()).max().item()
     assert rel <= 2.0 ** -24 * 1.01, rel      # C's own rounding, nothing more
+
+
+def test_tf32x3_limit_as_documented():
+    """split.py's docstring: values within 0.03% of fp32's largest and infinities come out
+    NaN under tf32x3 (hi rounds to infinity); fp32 gives the finite product. If this
+    starts to fail, the limit is gone: update split.py's docstring and the README."""
+    import numpy as np
+    from outcore.gemm.matmul import matmul
+    A = torch.tensor([[3.4025e38, 1.0]])
+    B = torch.tensor([[1e-10], [2.0]])
+    assert torch.isfinite(matmul(A, B, devices="cpu", compute="fp32")).all()
+    assert torch.isnan(matmul(A, B, devices="cpu", compute="tf32x3")).all()
+    small = np.float32(3.0e38)   # below the rounding edge: fine
+    got = matmul(torch.tensor([[small, 1.0]]), B, devices="cpu", compute="tf32x3")
+    assert torch.isfinite(got).all()

@@ -26,8 +26,11 @@ float64):
     in session 26's record 1.8x cuBLASXt at 16384 and 32768, and 1.4-1.8x outcore's fp32
     path on the square and NN and NT shapes, 1.13-1.21x on TN (TF32 GEMMs with a
     transposed A run slower).
-Values beyond about 3.4e38 round to infinity in hi (and lo is then NaN); an fp32 GEMM of
-them would overflow anyway.
+Not for data with infinities or values within 0.03% of fp32's largest (|x| above about
+3.4025e38): hi rounds to infinity there and lo = x - hi is infinite or NaN, so the entries
+they reach come out NaN, where an fp32 GEMM gives a finite value (x times a small number)
+or an infinity. Mending it would cost a pass over every piece on the conversion stream
+(a torch.where back to truncation); the fp32 and tf32 computes have no such limit.
 
 Each block is split once, on the conversion stream, when its piece lands (loads.py), and
 is cached as both parts (cache.py: a split slot is twice as long); the planner counts the
