@@ -128,7 +128,9 @@ def _flag_names(parser: argparse.ArgumentParser, args) -> dict[str, str]:
     for action in sub._actions if sub is not None else ():
         longs = [o for o in action.option_strings if o.startswith("--")]
         plain = [o for o in longs if not o.startswith("--no-")] or longs
-        if plain and action.dest not in names:
+        # a dest set by a --no- flag and a plain one (--no-skip-nonfinite, --skip-nonfinite):
+        # the plain one, whichever was added first
+        if plain and (action.dest not in names or names[action.dest].startswith("--no-")):
             names[action.dest] = plain[0]
     return names
 
@@ -144,6 +146,8 @@ def as_flags(message: str, names: dict[str, str]) -> str:
 
     def flag(m: re.Match) -> str:
         val = m.group(2) if m.group(2) is not None else m.group(3)
+        if val.startswith("torch."):   # compute_dtype=torch.bfloat16: --compute-dtype bfloat16
+            val = val[len("torch."):]
         return f"{names[m.group(1)]} {val}"
     message = re.sub(rf"(?<![\w.\-])({keys})={value}", flag, message)
     # a bare name ("raise gpu_memory"), only where it cannot be an English word
@@ -180,7 +184,10 @@ class _OneLineParser(argparse.ArgumentParser):
             flag = message.split()[1].rstrip(":").split("/")[0]
             message += (f" (give it a value; one that starts with '-' goes as "
                         f"{flag}=VALUE)")
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        # a mistake every rank of a plain torchrun meets alike: its node's first rank says it
+        _say(f"{self.prog}: error: {message} (see {self.prog} --help)",
+             argparse.Namespace(uniform_error=True))
+        self.exit(2)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -84,3 +84,35 @@ def test_plain_torchrun_names_the_rank_of_a_later_error(capsys, monkeypatch):
     _ranks_env(monkeypatch, 3, 1)
     _say("outcore: error: the GPU is gone")
     assert capsys.readouterr().err.strip() == "[rank 3] outcore: error: the GPU is gone"
+
+
+def test_plain_torchrun_prints_a_usage_mistake_once_a_node(capsys, monkeypatch):
+    """argparse's own errors (an unknown flag) took another path that every rank printed."""
+    import pytest
+    for rank, local, said in ((0, 0, True), (1, 1, False)):
+        _ranks_env(monkeypatch, rank, local)
+        with pytest.raises(SystemExit) as e:
+            main(["train", "--max-stepz", "3"])
+        assert e.value.code == 2
+        err = capsys.readouterr().err
+        assert ("unrecognized arguments: --max-stepz" in err) == said, err
+        assert said or err == ""
+
+
+def test_a_negated_flag_is_named_by_its_plain_form(tmp_path, capsys):
+    """--no-skip-nonfinite and --skip-nonfinite share a dest: the fix is --skip-nonfinite
+    (the error named the very flag the user had given)."""
+    assert main(["train", "--model", "tiny", "--device", "cpu", "--held-gpu-updates", "2",
+                 "--max-grad-norm", "0", "--no-skip-nonfinite",
+                 "--output-dir", str(tmp_path / "o")]) == 2
+    err = _err(capsys)
+    assert "--skip-nonfinite" in err and "--no-skip-nonfinite" not in err, err
+
+
+def test_a_torch_dtype_value_is_written_as_the_flag_takes_it(tmp_path, capsys):
+    assert main(["train", "--model", "tiny", "--device", "cpu", "--host-weight-copy", "fused",
+                 "--output-dir", str(tmp_path / "o")]) == 2
+    err = _err(capsys)
+    assert "--host-weight-copy fused keeps" in err and "--compute-dtype bfloat16" in err, err
+    assert as_flags("use compute_dtype=torch.bfloat16", {"compute_dtype": "--compute-dtype"}) \
+        == "use --compute-dtype bfloat16"

@@ -175,8 +175,8 @@ def check_copy_option(engine, value, held_gpu_updates) -> str | None:
                            "block), 'fused' (every block, cast in the CPU AdamW's pass) or "
                            "'device' (the device-updated blocks only)")
     if engine.compute_dtype.itemsize != 2:
-        raise OutcoreError("host_weight_copy=True keeps 16-bit copies for a 16-bit compute "
-                           f"dtype, not {engine.compute_dtype}: use compute_dtype="
+        raise OutcoreError(f"host_weight_copy={value!r} keeps 16-bit copies for a 16-bit "
+                           f"compute dtype, not {engine.compute_dtype}: use compute_dtype="
                            "torch.bfloat16 or leave host_weight_copy off")
     if held_gpu_updates not in (None, 0, "off"):
         raise OutcoreError("host_weight_copy=True cannot be combined with held_gpu_updates "
