@@ -170,6 +170,25 @@ def test_the_cpu_beside_a_gpu_takes_a_band_of_rows(transa, monkeypatch):
                 "bf16")
 
 
+def test_the_cpu_band_beside_a_gpu_on_a_product_out_of_core(monkeypatch):
+    """A product the GPU's plan cannot hold whole has no estimate (est_seconds None): sizing
+    the CPU's band from it crashed (session 43's review); fp64 on float32 data keeps the
+    CPU out (its band multiplied in fp32)."""
+    monkeypatch.setattr(band_mod, "_SEEN", {(torch.float32, band_mod.band_threads(1)): 5e12})
+    n = 8192   # A and B 256 MiB each, against 256 MiB
+    A, B, C = _data(n, n, n, pinned=False, seed=5)
+    C0 = C.clone()
+    _, st = matmul(A, B, C, beta=1.0, devices="0,cpu", gpu_memory="256MiB", return_stats=True)
+    gpu, cpu = st.devices
+    assert cpu.flops > 0 and gpu.flops > 0 and gpu.flops + cpu.flops == st.flops
+    for r in (slice(0, 64), slice(n - 64, n)):
+        check_close(C[r], A[r].double().numpy(), B.double().numpy(), C0[r].double().numpy(),
+                    1.0, 1.0, "fp32")
+    out, st = matmul(A[:512], B, devices="0,cpu", compute="fp64", return_stats=True)
+    assert st.devices[1].flops == 0
+    check_close(out, A[:512].double().numpy(), B.double().numpy(), None, 1.0, 0.0, "fp64")
+
+
 def test_numpy_memmap_on_the_gpu(tmp_path):
     rng = np.random.default_rng(2)
     a = np.memmap(tmp_path / "a", dtype=np.float64, mode="w+", shape=(300, 200))
