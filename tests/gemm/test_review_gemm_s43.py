@@ -63,10 +63,11 @@ def test_fp64_compute_on_fp32_data_stays_fp64_in_the_cpu_band(gpu_and_cpu):
     gpu_and_cpu(1 << 30)
     g = torch.Generator().manual_seed(0)
     A, B = torch.rand(256, 4096, generator=g), torch.rand(4096, 16, generator=g)
-    out = mm.matmul(A, B, devices="0,cpu", compute="fp64")
+    out, st = mm.matmul(A, B, devices="0,cpu", compute="fp64", return_stats=True)
     want = A.double() @ B.double()
     rel = ((out.double() - want).abs() / want.abs()).max().item()
     assert rel <= 2.0 ** -24 * 1.01, rel      # C's own rounding, nothing more
+    assert "the CPU sits out (fp64 on the host needs float64 data)" in st.plan
 
 
 def test_tf32x3_limit_as_documented():

@@ -188,9 +188,12 @@ def matmul(A, B, out=None, *, transa: bool = False, transb: bool = False, alpha:
     stats.plan_s = time.perf_counter() - t_plan
     stats.plan = job.plan.describe()
     if helper:
+        why = ("fp64 on the host needs float64 data"
+               if compute == "fp64" and not runs_on_host(compute, dtype) else
+               f"its share would be under {MIN_ROWS} rows, or {compute} on the host is not "
+               "worth it")
         stats.plan += (f"; the CPU: C's last {m - band.r0} rows" if band.r0 < m else
-                       f"; the CPU sits out (its share would be under {MIN_ROWS} rows, "
-                       f"or {compute} on the host is not worth it)")
+                       f"; the CPU sits out ({why})")
     execute(job, workers, stats, progress, band=band if band.r0 < m else None)
     if isinstance(out, np.memmap):
         out.flush()
