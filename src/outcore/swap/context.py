@@ -31,7 +31,7 @@ from ..errors import OutcoreError
 from .activations import ActivationSwapper
 from .config import SwapConfig
 from .host import HostStore
-from .param_guard import ParamGuard, refuse_compiled, wanted as guard_wanted
+from .param_guard import COMPILED, ParamGuard, refuse_compiled, wanted as guard_wanted
 from .params import ParamSwapper, _tensors
 from .report import CopyClock, SwapReport
 
@@ -80,12 +80,18 @@ class Swap:
                             lambda m, a, o, n=name.rpartition(".")[0]:
                             setattr(acts, "current_module", n), always_call=True)]
             self._handles.append(model.register_forward_hook(self._exit, always_call=True))
+            # The guard ends after every forward hook of the model (moved last at each
+            # forward: one added later, reading a parameter, is checked too)
+            self._unguard = model.register_forward_hook(self._end_guard, always_call=True)
+            self._handles.append(self._unguard)
         except BaseException:
             self.close()
             raise
 
     # ---- forward boundaries ---------------------------------------------------------------
     def _enter(self, module, args, kwargs) -> None:
+        if self.params is not None and _compiled_caller():
+            raise OutcoreError(COMPILED)
         if self._depth:
             self._drop_dead_forwards()
         self._depth += 1
@@ -99,6 +105,9 @@ class Swap:
             if self.params is not None and guard_wanted(module, self._checked, sig):
                 self._guard = ParamGuard(self.params)
                 self._guard.__enter__()
+                hooks = module._forward_hooks
+                if self._unguard.id in hooks:
+                    hooks[self._unguard.id] = hooks.pop(self._unguard.id)
             self._hooked = not self.acts.fits_unhooked(sig)
             if self._hooked:
                 self.acts.begin_forward(sig)
@@ -111,9 +120,24 @@ class Swap:
         self._stack.append(ctx)
 
     def _pop_guard(self) -> None:
-        if self._guard is not None:
-            self._guard.__exit__(None, None, None)
-            self._guard = None
+        """Take this forward's guard off torch's mode stack, wherever it is: not the top
+        one when a mode was pushed after it and is still on (the user's own, around the
+        forward after an interrupted one; another swap's guard, its forward running)."""
+        guard, self._guard = self._guard, None
+        if guard is None:
+            return
+        above = []
+        while torch._C._len_torch_function_stack():
+            mode = torch._C._pop_torch_function_stack()
+            if mode is guard:
+                break
+            above.append(mode)
+        for mode in reversed(above):
+            torch._C._push_on_torch_function_stack(mode)
+
+    def _end_guard(self, module, args, output) -> None:
+        if self._depth == 0:
+            self._pop_guard()
 
     def _pop_hooks(self) -> None:
         """Leave the innermost forward's saved-tensor hooks (None: it ran unhooked)."""
@@ -145,7 +169,6 @@ class Swap:
         self._pop_hooks()
         self._depth = max(0, self._depth - 1)
         if self._depth == 0:
-            self._pop_guard()
             outs = _tensors(output)
             # Run from torch's `except` when forward raised: a forward that stopped part
             # way saved only part of its tensors, so it cannot vouch for the next.
@@ -216,6 +239,15 @@ class Swap:
     def __repr__(self) -> str:
         state = "closed" if self.closed else "active"
         return f"Swap({type(self.model).__name__}, {self.config}, {state})"
+
+
+def _compiled_caller() -> bool:
+    """Is this forward run by torch.compile'd code (a compiled wrapper of the model made
+    apart from it, which refuse_compiled cannot see)? Dynamo's frame callback is set then
+    (torch's own test for "in a torch.compile region", torch._dynamo's set_stance)."""
+    frames = getattr(getattr(torch._C, "_dynamo", None), "eval_frame", None)
+    get = getattr(frames, "get_eval_frame_callback", None)
+    return torch.compiler.is_compiling() or (get is not None and get() not in (None, False))
 
 
 def _autocast_state() -> tuple:

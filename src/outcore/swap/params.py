@@ -141,11 +141,16 @@ class ParamSwapper:
         # Prepended: a module's own pre-hooks (pruning, old-style weight_norm) compute
         # from its parameters, so these must be on the device before they run. Not the
         # model's: its parameters are on the device until its forward begins (_enter).
+        # Their forward hook frees them after the module's other forward hooks, those added
+        # later too (a user's logging the weight's norm): _pre moves it last. Not the
+        # model's: the swap's own forward hook (context.py) must follow it.
+        self._post_ids: list[int | None] = []
         for u, mod in enumerate(self.modules):
             handles.append(mod.register_forward_pre_hook(lambda m, a, u=u: self._pre(u),
                                                          prepend=mod is not self.model))
             handles.append(mod.register_forward_hook(lambda m, a, o, u=u: self._post(u, o),
                                                      always_call=True))
+            self._post_ids.append(None if mod is self.model else handles[-1].id)
         return handles
 
     def _lanes(self, device: torch.device) -> Lanes:
@@ -245,6 +250,9 @@ class ParamSwapper:
                 self._out(s, step_start=True)
 
     def _pre(self, u: int) -> None:
+        hid, hooks = self._post_ids[u], self.modules[u]._forward_hooks
+        if hid is not None and hid in hooks:
+            hooks[hid] = hooks.pop(hid)
         if _in_backward():  # a recomputation (checkpoint): bring the weights in, no more
             self._use(u)
             return
