@@ -15,7 +15,8 @@ an nn.MultiheadAttention in eval mode (or any, under no_grad), a frozen encoder 
 training model included: its fast paths (and TransformerEncoderLayer's) are taken only
 while no torch-function mode is active, so a guarded forward would round differently from
 plain PyTorch and from the unguarded ones after it. Nor are reads made on another thread
-(torch's mode stack is per thread) or in the backward.
+(torch's mode stack is per thread), between the forward and its backward (an L2 term
+summed over model.parameters()) or in the backward: those read freed memory.
 """
 
 from __future__ import annotations
