@@ -38,7 +38,8 @@ def _run(args) -> int:
     import torch
 
     from .models import SIZES
-    from .planner import calibrate, host_available, make_plan, model_shape
+    from .calibration import calibrate
+    from .planner import host_available, make_plan, model_shape
     if args.tokens_per_step < 1 or (args.micro_tokens is not None and args.micro_tokens < 1) \
             or args.seq_len < 1:
         raise OutcoreError("--tokens-per-step, --micro-tokens and --seq-len must be >= 1")

@@ -253,7 +253,7 @@ def run(cfg: TrainConfig, loss_fn=None, return_model: bool = False) -> dict:
         (out_dir / "config.json").write_text(json.dumps({k: v for k, v in vars(cfg).items()
                                                          if k != "extra"}, default=str, indent=1))
     from .logs import NoLog, RunLog
-    from .planner import matmul_rate
+    from .calibration import matmul_rate
     log = RunLog(out_dir, engine.step_count, tensorboard=cfg.tensorboard) if main else NoLog()
     peak_flops = matmul_rate(device, engine.compute_dtype)  # for MFU
     tokens_per_step = global_batch * cfg.seq_len

@@ -6,7 +6,8 @@ import torch
 from outcore.models import SIZES
 from outcore.plan_step import (block_seconds, compute_seconds, device_groups_room,
                                held_step, streamed_step)
-from outcore.planner import Calibration, make_plan, model_shape
+from outcore.calibration import Calibration
+from outcore.planner import make_plan, model_shape
 
 GIB = 1 << 30
 
