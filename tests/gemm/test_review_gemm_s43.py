@@ -83,3 +83,14 @@ def test_tf32x3_limit_as_documented():
     small = np.float32(3.0e38)   # below the rounding edge: fine
     got = matmul(torch.tensor([[small, 1.0]]), B, devices="cpu", compute="tf32x3")
     assert torch.isfinite(got).all()
+
+
+def test_the_cpu_listed_twice_beside_a_gpu_is_refused(monkeypatch):
+    """Beside GPUs the CPU is one band on every free core: "0,cpu,cpu" used to run as
+    "0,cpu" without a word; it is now a one-line error saying to list the CPU once."""
+    monkeypatch.setattr(mm, "resolve_devices", lambda d: [torch.device("cuda", 0),
+                                                          torch.device("cpu"),
+                                                          torch.device("cpu")])
+    A, B = torch.ones(8, 8), torch.ones(8, 8)
+    with pytest.raises(ValueError, match=r"lists the CPU 2 times beside GPUs: list 'cpu' once"):
+        mm.matmul(A, B, devices="0,cpu,cpu")

@@ -101,8 +101,9 @@ def matmul(A, B, out=None, *, transa: bool = False, transb: bool = False, alpha:
         level (7 GEMMs of 8, strassen.py): a norm-wise error bound, not the classical one.
     devices: None (every GPU, or the CPU when there is none), "cpu", 0, "cuda:1", "0,1"
         or a list; each is a worker pulling tiles from one queue. The CPU listed beside
-        GPUs ("0,cpu") instead multiplies a band of C's last rows on the host, sized by
-        its measured rate against the GPUs' predicted time (band.py; fp32 and fp64 only).
+        GPUs ("0,cpu", once) instead multiplies a band of C's last rows on the host's free
+        cores, sized by its measured rate against the GPUs' predicted time (band.py; fp32
+        and fp64 only).
     gpu_memory: bytes (or "8GiB") each device may use for tiles and cache.
     tile: T, or (rows, cols[, depth[, copy piece depth]]) to force tile sizes.
     Returns out, or (out, GemmStats) with return_stats=True.
@@ -136,6 +137,11 @@ def matmul(A, B, out=None, *, transa: bool = False, transb: bool = False, alpha:
     gpus = [d for d in devs if d.type == "cuda"]
     # the CPU listed beside GPUs multiplies a band of C's last rows (band.py), not tiles
     helper = bool(gpus) and len(gpus) < len(devs)
+    if helper and len(devs) - len(gpus) > 1:
+        # beside GPUs the CPU is one band on every free core (band_threads), not a worker
+        # per entry: a second 'cpu' would add nothing, so it is refused, not ignored
+        raise OutcoreError(f"devices lists the CPU {len(devs) - len(gpus)} times beside GPUs: "
+                           "list 'cpu' once (its band of C's rows uses every free core)")
     workers = gpus if helper else devs
     budget = resolve_budget(gpu_memory, devs)
     labels = _labels(workers) + (["cpu"] if helper else [])
