@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""One bench/stream.py case at two source trees, alternated (ABBA), with a table last.
+"""One bench/stream.py case (or bench/swap.py's ResNet-152 rows) at two source trees,
+alternated (ABBA), with a table last.
 
     tar -xf build/src-old.tar -C old     # the old commit's src, bench/*.py and bench/diag
     OUTCORE_COMMIT=<new sha> PYTHONPATH=src python3 bench/tree_ab.py --old-dir old \
@@ -10,6 +11,8 @@ tree, this tree, this tree, the old tree, each its own process and results file
 (stream-h200-ab-<tag>-{old,new}{1,2}.json in each tree's bench/results, copied to
 --out-dir with each run's log), then prints every run's median step and time split. The
 order cancels a drift of the machine over the call; two runs a tree show the spread.
+With --bench swap each run is `bench/swap.py --no-wide` (swap-h200-ab-<tag>-*.json): the
+ResNet-152 max batch and throughput rows of each tree.
 """
 
 from __future__ import annotations
@@ -25,10 +28,15 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 
 
-def _run(tree: Path, commit: str, name: str, args, out_dir: Path) -> dict | None:
-    cmd = [sys.executable, "bench/stream.py", "--cases", args.case, "--systems", "outcore",
-           "--compiled", "--largest", "0", "--skip-tests", "--timeout", str(args.timeout),
-           "--steps", str(args.steps), "--out", name]
+def _run(tree: Path, commit: str, name: str, args, out_dir: Path) -> dict | list | None:
+    """One run in `tree`: stream's outcore row, or every row of swap's (None: no file)."""
+    if args.bench == "swap":
+        cmd = [sys.executable, "bench/swap.py", "--no-wide", "--budget-s", str(args.timeout),
+               "--out", name]
+    else:
+        cmd = [sys.executable, "bench/stream.py", "--cases", args.case, "--systems",
+               "outcore", "--compiled", "--largest", "0", "--skip-tests", "--timeout",
+               str(args.timeout), "--steps", str(args.steps), "--out", name]
     env = dict(os.environ, OUTCORE_COMMIT=commit, PYTHONPATH="src", PYTHONUNBUFFERED="1")
     log = out_dir / f"{name}.log"
     with open(log, "w") as f:
@@ -39,14 +47,30 @@ def _run(tree: Path, commit: str, name: str, args, out_dir: Path) -> dict | None
     if not result.exists():
         return None
     shutil.copy(result, out_dir / result.name)
-    rows = [r for r in json.loads(result.read_text())["runs"] if r.get("system") == "outcore"]
+    runs = json.loads(result.read_text())["runs"]
+    if args.bench == "swap":
+        return runs
+    rows = [r for r in runs if r.get("system") == "outcore"]
     return rows[0] if rows else None
+
+
+def _swap_table(rows) -> None:
+    """Each run's max batches and images/s (an error row: its first words)."""
+    print(f"\n{'run':5} {'commit':8} {'case':28} {'system':12} {'batch':>6} {'img/s':>8}")
+    for label, commit, runs in rows:
+        for r in runs or [{"case": "no result"}]:
+            val = (f"{r['images_per_s']:8.1f}" if "images_per_s" in r else
+                   f"{r['max_batch']:>8}" if "max_batch" in r else
+                   str(r.get("error", ""))[:40])
+            print(f"{label:5} {commit:8} {r.get('case', ''):28} {r.get('system', ''):12} "
+                  f"{r.get('batch', ''):>6} {val}")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--old-dir", required=True, help="the old tree (src, bench)")
     ap.add_argument("--old-commit", required=True)
+    ap.add_argument("--bench", default="stream", choices=["stream", "swap"])
     ap.add_argument("--case", default="3b-16k")
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--timeout", type=int, default=185, help="seconds per run's case (the "
@@ -64,8 +88,11 @@ def main() -> None:
     rows = []
     for label in args.order.split(","):
         tree, commit = trees[label[:3]]
-        row = _run(tree, commit, f"stream-h200-ab-{args.tag}-{label}", args, out_dir)
+        row = _run(tree, commit, f"{args.bench}-h200-ab-{args.tag}-{label}", args, out_dir)
         rows.append((label, commit[:7], row))
+    if args.bench == "swap":
+        _swap_table(rows)
+        return
     print(f"\n{'run':5} {'commit':8} {'step_s':>7} {'mean_s':>7} {'compute':>8} "
           f"{'copy_w':>7} {'opt_w':>7} {'dev_params':>11} {'peak_gb':>8}")
     for label, commit, r in rows:
