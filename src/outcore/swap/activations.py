@@ -63,14 +63,14 @@ class ActivationSwapper(UnhookedForwards):
     """pack/unpack for torch.autograd.graph.saved_tensors_hooks; see the module docstring.
 
     The owner (context.py) calls begin_forward()/end_forward(outputs) around each forward
-    of the model and sets `current_module` (for the report) and `pending_grad(device)`.
+    of the model and sets `names` (by_module: where.ModuleNames) and `pending_grad(device)`.
     """
 
     def __init__(self, cfg: SwapConfig, store: HostStore, report: SwapReport, clock: CopyClock):
         self.cfg, self.store, self.report, self.clock = cfg, store, report, clock
         self.gen: Generation | None = None
         self.prev: Generation | None = None
-        self.current_module = ""
+        self.names = None   # where.ModuleNames with by_module: the report's per-module bytes
         self.pending_grad = lambda device: 0
         self.trace: list[tuple] = []
         self._states: dict[torch.device, _DeviceState] = {}
@@ -205,8 +205,9 @@ class ActivationSwapper(UnhookedForwards):
         rep = self.report
         rep.offloaded_tensors += 1
         rep.bytes_to_host += nbytes
-        if self.cfg.by_module:
-            rep.by_module[self.current_module] = rep.by_module.get(self.current_module, 0) + nbytes
+        if self.names is not None:
+            name = self.names.saving()
+            rep.by_module[name] = rep.by_module.get(name, 0) + nbytes
         self._log("offload", gen, h.index, nbytes)
         return h
 

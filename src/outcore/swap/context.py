@@ -15,6 +15,9 @@ by its forward hook (always_call, so also when forward raises): they cover exact
 tensors saved inside model's forward, nest with other swaps (the innermost one packs) and
 never stay on autograd's hook stack after the forward. close() removes every module hook,
 puts every parameter back on the device, and waits for copies still in flight.
+
+The model's modules and parameters are read once, at construction (a layer replaced
+afterwards needs a new swap); which of them require grad is read at every forward.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from .host import HostStore
 from .param_guard import COMPILED, ParamGuard, refuse_compiled, wanted as guard_wanted
 from .params import ParamSwapper, _tensors
 from .report import CopyClock, SwapReport
+from .where import ModuleNames
 
 _OPTIONS = {f.name for f in dataclasses.fields(SwapConfig)}
 
@@ -53,6 +57,10 @@ class Swap:
         self.clock = CopyClock(self._report, config.timing)
         self.acts = ActivationSwapper(config, self.store, self._report, self.clock)
         self.acts.pending_grad = self._pending_grad
+        # Read once: model.parameters() walks every module (about 1 ms a forward for
+        # ResNet-152's 500 on the H200's host), and a forward's pre-hook runs before its
+        # first kernel, with the GPU idle after a synchronized step.
+        self._params = list(model.parameters())
         self._stack: list[saved_tensors_hooks | None] = []   # None: a forward run unhooked
         self._depth = 0
         self._frames: list = []     # the frame that called each live forward (innermost last)
@@ -70,15 +78,8 @@ class Swap:
                 self.params = ParamSwapper(model, self.store, self._report, self.clock,
                                            config.param_prefetch_bytes, config.force_copy)
                 self._handles += self.params.install()
-            if config.by_module:  # the innermost module running saves: its name on entry,
-                acts = self.acts      # its caller's (the parent's) on return
-                for name, mod in model.named_modules():
-                    self._handles += [
-                        mod.register_forward_pre_hook(
-                            lambda m, a, n=name: setattr(acts, "current_module", n)),
-                        mod.register_forward_hook(
-                            lambda m, a, o, n=name.rpartition(".")[0]:
-                            setattr(acts, "current_module", n), always_call=True)]
+            if config.by_module:  # the innermost module running saves (where.py)
+                self.acts.names = ModuleNames(model)
             self._handles.append(model.register_forward_hook(self._exit, always_call=True))
             # The guard ends after every forward hook of the model (moved last at each
             # forward: one added later, reading a parameter, is checked too)
@@ -101,7 +102,7 @@ class Swap:
         if self._depth == 1:
             if self.params is not None:
                 self.params.begin_forward()
-            sig = signature(module, args, kwargs)
+            sig = signature(module, args, kwargs, self._params)
             if self.params is not None and guard_wanted(module, self._checked, sig):
                 self._guard = ParamGuard(self.params)
                 self._guard.__enter__()
@@ -181,7 +182,7 @@ class Swap:
                 self.params.end_forward(outs)
 
     def _pending_grad(self, device: torch.device) -> int:
-        return sum(p.numel() * p.element_size() for p in self.model.parameters()
+        return sum(p.numel() * p.element_size() for p in self._params
                    if p.requires_grad and p.grad is None and p.device == device)
 
     # ---- public ---------------------------------------------------------------------------
@@ -255,13 +256,15 @@ def _autocast_state() -> tuple:
                  for dev in ("cuda", "cpu"))
 
 
-def signature(module: nn.Module, args, kwargs) -> tuple | None:
+def signature(module: nn.Module, args, kwargs, params=None) -> tuple | None:
     """What decides the sizes a forward saves: the inputs' shapes, dtypes and devices, the
-    other arguments, training mode, grad mode, autocast and which parameters require grad
-    (unfreezing layers makes autograd save their activations). None when an argument
-    cannot be compared (then the forward is always hooked)."""
+    other arguments, training mode, grad mode, autocast and which parameters (`params`,
+    default module.parameters()) require grad (unfreezing layers makes autograd save their
+    activations). None when an argument cannot be compared (then the forward is always
+    hooked)."""
+    params = module.parameters() if params is None else params
     sig = [module.training, torch.is_grad_enabled(), _autocast_state(),
-           tuple(p.requires_grad for p in module.parameters())]
+           tuple(p.requires_grad for p in params)]
     for leaf in tree_leaves((args, kwargs)):
         if isinstance(leaf, torch.Tensor):
             sig.append((tuple(leaf.shape), leaf.dtype, leaf.device, leaf.requires_grad))
