@@ -16,8 +16,9 @@ tensors saved inside model's forward, nest with other swaps (the innermost one p
 never stay on autograd's hook stack after the forward. close() removes every module hook,
 puts every parameter back on the device, and waits for copies still in flight.
 
-The model's modules and parameters are read once, at construction (a layer replaced
-afterwards needs a new swap); which of them require grad is read at every forward.
+The model's modules and parameters are read once, at construction: a layer or parameter
+replaced afterwards (load_state_dict(assign=True) among others) needs a new swap. Which of
+them require grad is read at every forward.
 """
 
 from __future__ import annotations
