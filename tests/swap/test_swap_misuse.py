@@ -205,3 +205,32 @@ def test_by_module_names_nested_modules_and_hooks_no_submodule():
     assert s.report().by_module == {"blocks.0.0": one, "blocks.0.1": one,
                                     "blocks.1.1": one, "": one}
     assert hook_counts(model) == before
+
+
+def test_by_module_names_a_shared_module_by_a_name_named_modules_lists():
+    """A module shared under two names (weights tied by reuse) is reported under its first
+    name, the one model.named_modules() gives (not the last alias, which it leaves out)."""
+    lin = nn.Linear(16, 16)
+    model = nn.Sequential(lin, nn.Tanh(), lin)
+    with outcore.swap(model, **FORCE) as s:
+        model(torch.randn(4, 16)).sum().backward()
+    one = 4 * 16 * 4
+    # x, saved by lin's first call ("0"); the Tanh's output, saved by the Tanh ("1") and
+    # again by lin's second call (deduplicated)
+    assert s.report().by_module == {"0": one, "1": one}
+    assert set(s.report().by_module) <= {n for n, _ in model.named_modules()}
+
+
+def test_a_closed_swap_does_not_keep_replaced_parameters_alive():
+    """The parameter list read at swap() is let go at close: a swap kept for its report
+    must not hold the weights load_state_dict(assign=True) replaced afterwards."""
+    import gc
+    import weakref
+    model = nn.Sequential(nn.Linear(32, 32))
+    with outcore.swap(model, **FORCE) as s:
+        model(torch.randn(4, 32)).sum().backward()
+    old = weakref.ref(model[0].weight)
+    model.load_state_dict({k: v.clone() for k, v in model.state_dict().items()}, assign=True)
+    gc.collect()
+    assert old() is None
+    assert s.report().offloaded_tensors > 0

@@ -211,6 +211,9 @@ class Swap:
             h.remove()
         self._handles.clear()
         self._frames.clear()
+        # A closed swap kept for its report must not keep parameters the model has
+        # replaced since (load_state_dict(assign=True)) alive: their memory is the model's
+        self._params = []
         while self._stack:  # close() inside the model's forward, or after one interrupted
             self._pop_hooks()   # (KeyboardInterrupt: torch ran no always-call hook)
         self._pop_guard()

@@ -21,8 +21,12 @@ class ModuleNames:
     """id(module) -> its name in the model (named_modules at the swap's start)."""
 
     def __init__(self, model: torch.nn.Module):
-        # The modules are held by the model for as long as the swap: their ids stay theirs.
-        self.names = {id(m): n for n, m in model.named_modules(remove_duplicate=False)}
+        # The modules are held by the model for as long as the swap: their ids stay theirs
+        # (a module replaced after swap() could be freed and its id reused: context.py's
+        # docstring says such a model needs a new swap).
+        # A module shared under two names gets its first (named_modules' own), one that
+        # model.named_modules() lists, as the per-module hooks named it before.
+        self.names = {id(m): n for n, m in model.named_modules()}
 
     def saving(self) -> str:
         """The name of the innermost module of the model whose call is on this thread's
