@@ -4,8 +4,9 @@ The innermost nn.Module call on the stack when pack runs is the module whose for
 whose op) saved the tensor: Module.__call__ runs Module._call_impl, whose frame holds the
 module as `self`. Reading the stack costs a few microseconds per offloaded tensor, only in
 forwards that pack. Forward hooks on every module (which the names were tracked with
-before) cost each module call a few microseconds in every forward, the unhooked ones too:
-ResNet-152's 500 modules, about 3% of a step that needs no swapping.
+before) cost each module call a few microseconds in every forward, the unhooked ones too.
+With context.py's parameter list read once, ResNet-152's step that needs no swapping went
+from 0.89-0.97x plain PyTorch to 0.98-0.99x on the H200 (session 44, both changes at once).
 """
 
 from __future__ import annotations
