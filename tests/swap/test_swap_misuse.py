@@ -221,13 +221,15 @@ def test_by_module_names_a_shared_module_by_a_name_named_modules_lists():
     assert set(s.report().by_module) <= {n for n, _ in model.named_modules()}
 
 
-def test_a_closed_swap_does_not_keep_replaced_parameters_alive():
-    """The parameter list read at swap() is let go at close: a swap kept for its report
-    must not hold the weights load_state_dict(assign=True) replaced afterwards."""
+@pytest.mark.parametrize("swap_params", [False, True])
+def test_a_closed_swap_does_not_keep_replaced_parameters_alive(swap_params):
+    """The parameter list read at swap() (and swap_params' slots) are let go at close: a
+    swap kept for its report must not hold the weights load_state_dict(assign=True)
+    replaced afterwards."""
     import gc
     import weakref
     model = nn.Sequential(nn.Linear(32, 32))
-    with outcore.swap(model, **FORCE) as s:
+    with outcore.swap(model, swap_params=swap_params, **FORCE) as s:
         model(torch.randn(4, 32)).sum().backward()
     old = weakref.ref(model[0].weight)
     model.load_state_dict({k: v.clone() for k, v in model.state_dict().items()}, assign=True)

@@ -321,6 +321,10 @@ class ParamSwapper:
             h.remove()
         self._node_hooks.clear()
         self._forget()
+        # A closed swap kept for its report must not hold parameters the model has replaced
+        # since (load_state_dict(assign=True)): the units' slots and modules refer to them
+        self.units.clear()
+        self.modules.clear()
 
     def _forget(self) -> None:
         """Return every host run and let go of every parameter (another swap may take it)."""
