@@ -40,19 +40,14 @@ import torch  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 
+from outcore.calibration import median_s  # noqa: E402
 from outcore.stream import cast_kernel, halves  # noqa: E402
 from outcore.stream.optimizer import _adamw  # noqa: E402
 
 
 def time_way(name: str, fn, n: int, reps: int) -> dict:
     """Median of `reps` timed calls of fn after one untimed."""
-    fn()
-    times = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    s = common.median(times)
+    s = median_s(fn, reps)
     return {"way": name, "params": n, "median_s": s, "params_per_s": n / s,
             "threads": torch.get_num_threads()}
 

@@ -44,7 +44,7 @@ def _fastest_s(fn, reps: int) -> float:
     return best
 
 
-def _median_s(fn, reps: int) -> float:
+def median_s(fn, reps: int) -> float:
     """The median seconds of `reps` host-side calls of fn (after one warm-up call): the
     CPU AdamW's rate on the H200 host spread 3.0-5.6 G params/s over the 3-call means of
     five processes (plan-h200.json, plan-h200-7b.json)."""
@@ -93,7 +93,7 @@ def calibrate(device: str = "cpu", dtype: torch.dtype = torch.float32) -> Calibr
         opt = torch.optim.AdamW([p], lr=1e-3, fused=True)
     except (RuntimeError, TypeError):
         opt = torch.optim.AdamW([p], lr=1e-3, foreach=True)
-    adamw = p.numel() / _median_s(opt.step, 5 if cuda else 1)
+    adamw = p.numel() / median_s(opt.step, 5 if cuda else 1)
     h2d = loaded = None
     if cuda:
         pinned = torch.empty(COPY_BYTES, dtype=torch.uint8, pin_memory=True)
@@ -112,7 +112,7 @@ def _adamw_under_copies(opt, numel: int, pinned, back, dev, h2d: float, sync) ->
     reps = 5
     # enough copies queued to outlast the AdamW steps at a third of their rate alone
     per_copy = pinned.numel() / h2d
-    copies = max(4, int(3 * reps * _median_s(opt.step, 1) / per_copy) + 2)
+    copies = max(4, int(3 * reps * median_s(opt.step, 1) / per_copy) + 2)
     with torch.cuda.stream(ins):
         for _ in range(copies):
             dev.copy_(pinned, non_blocking=True)
