@@ -11,6 +11,10 @@ tree, this tree, this tree, the old tree, each its own process and results file
 (stream-h200-ab-<tag>-{old,new}{1,2}.json in each tree's bench/results, copied to
 --out-dir with each run's log), then prints every run's median step and time split. The
 order cancels a drift of the machine over the call; two runs a tree show the spread.
+The first process on a fresh machine also compiles the model's kernels with an empty
+cache (7b-16k at HEAD made no step in 200 s that way in session 45, where the same
+commit's run after another case's had its eleventh step by 170 s): keep the ABBA order,
+or give the first run room for it.
 With --bench swap each run is `bench/swap.py --no-wide` (swap-h200-ab-<tag>-*.json): the
 ResNet-152 max batch and throughput rows of each tree.
 """
@@ -66,6 +70,21 @@ def _swap_table(rows) -> None:
                   f"{r.get('batch', ''):>6} {val}")
 
 
+def _stream_table(rows) -> None:
+    """Each run's median step, mean over its measured steps and time split."""
+    print(f"\n{'run':5} {'commit':8} {'step_s':>7} {'mean_s':>7} {'compute':>8} "
+          f"{'copy_w':>7} {'opt_w':>7} {'dev_params':>11} {'peak_gb':>8}")
+    for label, commit, r in rows:
+        if r is None or "step_s" not in r:   # no file, or an error row (a timeout)
+            print(f"{label:5} {commit:8} {'no result' if r is None else r.get('error')}")
+            continue
+        steps = [s["step_s"] for s in r.get("steps", [])]   # the measured steps only
+        mean = sum(steps) / len(steps) if steps else float("nan")
+        print(f"{label:5} {commit:8} {r['step_s']:7.3f} {mean:7.3f} {r['compute_s']:8.3f} "
+              f"{r['copy_wait_s']:7.3f} {r['optimizer_wait_s']:7.3f} "
+              f"{r['device_updated_params'] / 1e9:10.2f}B {r['peak_gpu_gb']:8.2f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--old-dir", required=True, help="the old tree (src, bench)")
@@ -93,18 +112,7 @@ def main() -> None:
     if args.bench == "swap":
         _swap_table(rows)
         return
-    print(f"\n{'run':5} {'commit':8} {'step_s':>7} {'mean_s':>7} {'compute':>8} "
-          f"{'copy_w':>7} {'opt_w':>7} {'dev_params':>11} {'peak_gb':>8}")
-    for label, commit, r in rows:
-        if r is None:
-            print(f"{label:5} {commit:8} no result")
-            continue
-        steps = [s["step_s"] for s in r.get("steps", [])]   # the measured steps only
-        mean = sum(steps) / len(steps) if steps else float("nan")
-        print(f"{label:5} {commit:8} {r['step_s']:7.3f} {mean:7.3f} {r['compute_s']:8.3f} "
-              f"{r['copy_wait_s']:7.3f} {r['optimizer_wait_s']:7.3f} "
-              f"{r['device_updated_params'] / 1e9:10.2f}B {r['peak_gpu_gb']:8.2f}")
-
+    _stream_table(rows)
 
 if __name__ == "__main__":
     main()
