@@ -13,7 +13,7 @@ tree, this tree, this tree, the old tree, each its own process and results file
 order cancels a drift of the machine over the call; two runs a tree show the spread.
 The first process on a fresh machine also compiles the model's kernels with an empty
 cache (7b-16k at HEAD made no step in 200 s that way in session 45, where the same
-commit's run after another case's had its eleventh step by 170 s): keep the ABBA order,
+engine's run after another case had its eleventh step by 170 s): keep the ABBA order,
 or give the first run room for it.
 With --bench swap each run is `bench/swap.py --no-wide` (swap-h200-ab-<tag>-*.json): the
 ResNet-152 max batch and throughput rows of each tree.
@@ -113,6 +113,7 @@ def main() -> None:
         _swap_table(rows)
         return
     _stream_table(rows)
+
 
 if __name__ == "__main__":
     main()
