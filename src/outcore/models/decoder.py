@@ -17,7 +17,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from ..errors import OutcoreError
-from ..meta import meta_parameters
+from ..meta import building_on_meta, materialize, meta_parameters
 from .kernels import Kernels
 
 _KERNELS = {False: Kernels(compiled=False), True: Kernels(compiled=True)}
@@ -91,13 +91,16 @@ def decoder(size: str, lazy: bool = False, **overrides) -> "Decoder":
     """A reference decoder of a named size ("tiny" .. "70b"), fields overridable.
 
     lazy: parameters on the meta device (no memory); the engine fills them with
-    Decoder.init_param as it builds its host state (stream/materialize.py)."""
+    Decoder.init_param as it builds its host state (stream/materialize.py). Else (and not
+    inside meta_parameters()) they are real fp32 CPU tensors holding those same values,
+    drawn in row blocks on every core (meta.materialize), seeded from torch.initial_seed():
+    the same seed gives the same weights, and the caller's RNG is left where it was."""
     if size not in SIZES:
         raise OutcoreError(f"unknown model size {size!r}: choose one of {', '.join(SIZES)}")
-    if lazy:
-        with meta_parameters():
-            return Decoder(replace(SIZES[size], **overrides))
-    return Decoder(replace(SIZES[size], **overrides))
+    cfg = replace(SIZES[size], **overrides)
+    with meta_parameters():
+        model = Decoder(cfg)
+    return model if lazy or building_on_meta() else materialize(model)
 
 
 class RMSNorm(nn.Module):
