@@ -47,7 +47,12 @@ def make_model(size: str, layers: int | None = None, fused_norm: bool = False,
     kw = {"max_seq": SEQ, "fused_norm": fused_norm, "compiled": compiled}
     if layers:
         kw["layers"] = layers
-    return decoder(size, **kw)
+    t = time.perf_counter()
+    model = decoder(size, **kw)
+    # the setup's stages in the log, so a run stopped by its limit shows where it was
+    print(f"  model: {sum(p.numel() for p in model.parameters()) / 1e9:.2f}B params built "
+          f"in {time.perf_counter() - t:.1f} s", flush=True)
+    return model
 
 
 MODEL_SWITCHES = ("fused_norm", "compiled")   # the same model for every system
@@ -77,6 +82,7 @@ def run_outcore(args) -> dict:
     import outcore
     model = make_model(args.size, args.layers, args.fused_norm, args.compiled)
     n = sum(p.numel() for p in model.parameters())
+    t_engine = time.perf_counter()
     eng = outcore.Engine(model, optimizer=outcore.AdamW(lr=1e-4, weight_decay=0.0),
                          device="cuda", micro_batch_size=args.micro or None,
                          max_grad_norm=args.clip, held_gpu_updates=_held(args),
@@ -86,6 +92,7 @@ def run_outcore(args) -> dict:
                          keep_weights=not args.no_keep_weights,
                          block_slots=args.block_slots,
                          verbose=True)
+    print(f"  engine: built in {time.perf_counter() - t_engine:.1f} s", flush=True)
     eng.runner.tail.enabled = not args.full_recompute
     if args.max_staged_grads is not None:   # 0: no cap (Engine.max_staged_grads = None)
         eng.max_staged_grads = args.max_staged_grads or None
@@ -356,7 +363,11 @@ def spawn(system: str, case: str, size: str, tokens: int, micro: int, extra: lis
         out = p.stdout
     except subprocess.TimeoutExpired as e:
         out = (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
-        out += "\nRESULT " + json.dumps({"error": f"timed out after {timeout:.0f} s"})
+        # where it was stopped: a run that had not reached its first step needs a longer
+        # limit, not a faster engine (session 46's 7b-16k runs at 100 and 170 s)
+        last = next((l.strip() for l in reversed(out.splitlines()) if l.strip()), "no output")
+        out += "\nRESULT " + json.dumps({"error": f"timed out after {timeout:.0f} s, "
+                                                   f"its last line: {last[:100]}"})
         p = None
     sys.stdout.write("".join(f"    {l}\n" for l in out.splitlines() if not l.startswith("RESULT")))
     res = next((json.loads(l[7:]) for l in reversed(out.splitlines()) if l.startswith("RESULT")),

@@ -11,10 +11,12 @@ tree, this tree, this tree, the old tree, each its own process and results file
 (stream-h200-ab-<tag>-{old,new}{1,2}.json in each tree's bench/results, copied to
 --out-dir with each run's log), then prints every run's median step and time split. The
 order cancels a drift of the machine over the call; two runs a tree show the spread.
-The first process on a fresh machine also compiles the model's kernels with an empty
-cache (7b-16k at HEAD made no step in 200 s that way in session 45, where the same
-engine's run after another case had its eleventh step by 170 s): keep the ABBA order,
-or give the first run room for it.
+Give each run room for its setup, not only its steps: a 7b-16k run took 194 s in all in
+session 46 (its 11 steps about 50 s; the rest building the model, the engine's host state
+and pinning, with the eager build of that time), and runs given 100 and 170 s were
+stopped before their first step. The first process on a fresh machine also compiles the
+model's kernels with an empty cache (session 45's first 7b-16k run made no step in 200
+s): run another case first, or give the first run more.
 With --bench swap each run is `bench/swap.py --no-wide` (swap-h200-ab-<tag>-*.json): the
 ResNet-152 max batch and throughput rows of each tree.
 """

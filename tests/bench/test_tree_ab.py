@@ -15,3 +15,21 @@ def test_stream_table_prints_error_rows(capsys):
     assert out[-3].split()[:2] == ["new1", "20c3c11"] and "timed out after 200 s" in out[-3]
     assert out[-2].split()[:4] == ["old1", "5091731", "2.073", "2.100"]
     assert out[-1].split() == ["new2", "20c3c11", "no", "result"]
+
+
+def test_a_timed_out_stream_run_names_the_line_it_stopped_after(monkeypatch, capsys):
+    """bench/stream.py's row for a run stopped by its limit says how far it got (session
+    46's 7b-16k runs were stopped while building, which the bare "timed out" hid)."""
+    import subprocess
+    bench = load_stream_bench("stream")
+    partial = "== outcore 7b-16k\n  model: 6.74B params built in 12.0 s\n" \
+              "outcore: page-locking 25.1 GiB of fp32 master weights\n\n"
+
+    def stopped(cmd, **kw):
+        raise subprocess.TimeoutExpired(cmd, kw["timeout"], output=partial)
+    monkeypatch.setattr(bench.subprocess, "run", stopped)
+    row = bench.spawn("outcore", "7b-16k", "7b", 16384, 0, [], 170)
+    assert row["error"] == ("timed out after 170 s, its last line: outcore: page-locking "
+                            "25.1 GiB of fp32 master weights")
+    assert row["system"] == "outcore" and row["case"] == "7b-16k"
+    assert "model: 6.74B params built" in capsys.readouterr().out
