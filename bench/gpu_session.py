@@ -912,6 +912,25 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
                                 "--budget-s", "140", "--out", "embed-h200-s42"]),
                     (160, PY + ["-m", "pytest", "-q", "-rs", "-p", "no:warnings",
                                 "tests/gemm/test_gemm_gpu.py"])],
+    # nvidia-h200 (written in session 46, for the next): the stream GPU tests (session 46
+    # gave them 130 s, too little: 18 had passed) and the GPU demo at HEAD, then 7b-16k
+    # outcore alone with room for its setup (194 s in all in session 46 with the eager
+    # build of that time; each run's log now gives its model's and engine's build times)
+    "s47-check": [(240, PY + ["-m", "pytest", "-q", "-rs", "-p", "no:warnings",
+                              "tests/stream/test_gpu.py", "tests/stream/test_engine_args.py"]),
+                  (100, PY + [B + "cli_gpu.py", "--only", "demo", "--out", "cli-h200-s47"]),
+                  (250, record("7b-16k", "stream-h200-s47-7b", 240, "--systems", "outcore"))],
+    # the 7b-16k A/B of session 45's question, HEAD against 5091731 (session 35's engine of
+    # record) in old/ (untar it first, in the same command), over two calls: ABBA needs
+    # about 800 s. Each run's limit leaves room for the old tree's slower build.
+    "s47-7b-a": [(580, PY + [B + "tree_ab.py", "--case", "7b-16k", "--old-dir", "old",
+                             "--old-commit", "5091731", "--tag", "s47-7b", "--order",
+                             "old1,new1", "--timeout", "250", "--steps", "5", "--out-dir",
+                             "bench/results"])],
+    "s47-7b-b": [(580, PY + [B + "tree_ab.py", "--case", "7b-16k", "--old-dir", "old",
+                             "--old-commit", "5091731", "--tag", "s47-7b", "--order",
+                             "new2,old2", "--timeout", "250", "--steps", "5", "--out-dir",
+                             "bench/results"])],
     # nvidia-h200 (written in session 25): tf32x3's error on Gram matrices by BIG_CHUNK
     "s26-gram": [(120, PY + [B + "diag/x3_gram.py"])],
     # nvidia-h200 (session 22): 3b-16k outcore alone, 8 measured steps each: the balance
