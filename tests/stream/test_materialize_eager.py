@@ -51,6 +51,15 @@ def test_inside_meta_parameters_a_decoder_stays_on_meta():
     assert all(p.is_meta for p in m.parameters())
 
 
+def test_under_a_device_context_torch_builds_it_there():
+    with torch.device("meta"):
+        m = tiny()
+    assert all(p.is_meta for p in m.parameters())
+    with torch.device("cpu"):
+        m = tiny()
+    assert not any(p.is_meta for p in m.parameters())
+
+
 def test_tied_embeddings_stay_tied():
     torch.manual_seed(2)
     m = tiny(tie_embeddings=True)

@@ -94,13 +94,22 @@ def decoder(size: str, lazy: bool = False, **overrides) -> "Decoder":
     Decoder.init_param as it builds its host state (stream/materialize.py). Else (and not
     inside meta_parameters()) they are real fp32 CPU tensors holding those same values,
     drawn in row blocks on every core (meta.materialize), seeded from torch.initial_seed():
-    the same seed gives the same weights, and the caller's RNG is left where it was."""
+    the same seed gives the same weights, and the caller's RNG is left where it was. Under
+    `with torch.device(d):` (d not the CPU) torch builds it on d, from the caller's RNG."""
     if size not in SIZES:
         raise OutcoreError(f"unknown model size {size!r}: choose one of {', '.join(SIZES)}")
     cfg = replace(SIZES[size], **overrides)
+    if not lazy and _default_device().type != "cpu":
+        return Decoder(cfg)   # under `with torch.device(...)`: torch builds it there
     with meta_parameters():
         model = Decoder(cfg)
     return model if lazy or building_on_meta() else materialize(model)
+
+
+def _default_device() -> torch.device:
+    """The device torch creates tensors on now (`with torch.device("cuda"):` sets it)."""
+    get = getattr(torch, "get_default_device", None)   # torch >= 2.3
+    return get() if get is not None else torch.empty(0).device
 
 
 class RMSNorm(nn.Module):
