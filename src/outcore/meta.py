@@ -7,8 +7,8 @@
 Used by hf.py (a checkpoint's tensors replace the meta parameters one at a time), the
 planner (sizes without memory) and `outcore.models.decoder(size, lazy=True)`. `materialize`
 makes such a model real on the CPU, filled as the engine would fill it; `decoder(size)`
-builds that way (a 7B model's fp32 weights drawn on every core in seconds, not once by
-nn.Linear's own init and again by the decoder's, one thread each).
+builds that way: its weights drawn once, on a pool of threads, not by each nn.Linear's
+own init and again by the decoder's, each on one thread (1B on 2 cores: 9 s against 16).
 """
 
 from __future__ import annotations

@@ -41,6 +41,9 @@ def test_eager_weights_follow_the_seed_and_draw_nothing_from_the_callers_rng():
     assert not torch.equal(tiny().embed.weight, a.embed.weight)
     # the decoder's init: norms ones, 2-D weights normal(0, 0.02), wo / w2 scaled down
     assert torch.equal(a.norm.weight, torch.ones_like(a.norm.weight))
+    assert abs(a.layers[0].wq.weight.std().item() - 0.02) < 0.002
+    scaled = 0.02 / (2 * a.cfg.layers) ** 0.5
+    assert abs(a.layers[0].wo.weight.std().item() - scaled) < 0.1 * scaled
     assert not torch.equal(a.layers[0].wq.weight, a.layers[1].wq.weight)
 
 
@@ -91,5 +94,5 @@ def test_materialize_keeps_a_parameters_dtype():
     with meta_parameters():
         m = nn.Linear(4, 4).to(torch.bfloat16)
     materialize(m, init=lambda name, t: t.fill_(0.5))
-    assert m.weight.dtype == torch.bfloat16 and torch.equal(m.weight, torch.full((4, 4), 0.5,
-                                                                                  dtype=torch.bfloat16))
+    assert m.weight.dtype == torch.bfloat16
+    assert torch.equal(m.weight, torch.full((4, 4), 0.5, dtype=torch.bfloat16))
