@@ -19,13 +19,12 @@ of a tensor it keeps; the seed is torch.initial_seed() (torch.manual_seed's).
 from __future__ import annotations
 
 import copy
-import hashlib
-from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
 import torch
 from torch import nn
 
+from ..draws import RowBlocks, seed_of
 from ..errors import OutcoreError
 
 Fill = Callable[[str, torch.Tensor], None]
@@ -36,16 +35,10 @@ def is_lazy(model: nn.Module) -> bool:
     return any(p.is_meta for p in model.parameters())
 
 
-def _seed_of(seed: int, key: str) -> int:
-    """A seed from (seed, key): blake2b, the same in every process (unlike hash())."""
-    digest = hashlib.blake2b(f"{seed}:{key}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") % 2**63
-
-
 def _seeded(key: str, seed: int, fn: Callable[[], None]) -> None:
     """fn() with the CPU RNG seeded from (seed, key), the caller's RNG state left as it was."""
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(_seed_of(seed, key))
+        torch.manual_seed(seed_of(seed, key))
         fn()
 
 
@@ -90,38 +83,6 @@ def filler(model: nn.Module, init: Callable | None = None, seed: int | None = No
     if callable(getattr(model, "init_param", None)):
         return RowBlocks(model.init_param, seed)
     return ModuleReset(model, seed)
-
-
-class RowBlocks:
-    """fill(name, tensor) from a model's init_param(name, rows, generator), which draws each
-    element on its own: the tensor is cut into blocks of whole rows of about CHUNK elements,
-    each drawn from its own generator seeded from (seed, name, block), on a pool of threads
-    (a single-threaded torch.normal_ makes about 0.2 G values/s: a minute for 15B). The
-    cuts depend on the shape only, so the values do not depend on the thread count."""
-
-    CHUNK = 1 << 22
-
-    def __init__(self, init_param: Callable, seed: int):
-        self.init_param, self.seed = init_param, seed
-        self.pool = ThreadPoolExecutor(max(1, torch.get_num_threads()))
-
-    def __call__(self, name: str, t: torch.Tensor) -> None:
-        if t.dim() < 2:   # a vector (or scalar) is one block
-            self._block(name, t, 0)
-            return
-        step = max(1, self.CHUNK // max(1, t[0].numel()))
-        jobs = [self.pool.submit(self._block, name, t[r:r + step], r // step)
-                for r in range(0, t.shape[0], step)]
-        for j in jobs:
-            j.result()   # re-raises an error of init_param here, in the caller's thread
-
-    def close(self) -> None:
-        """Let the threads go (the engine calls it once its host state is filled)."""
-        self.pool.shutdown()
-
-    def _block(self, name: str, rows: torch.Tensor, i: int) -> None:
-        gen = torch.Generator().manual_seed(_seed_of(self.seed, f"{name}:{i}"))
-        self.init_param(name, rows, gen)
 
 
 class ModuleReset:
