@@ -197,6 +197,27 @@ def test_plans_are_remembered_per_shape_and_budget():
         make_plan(8, 8, 8, tile=[4, 0], **kw)
 
 
+def test_a_plan_made_under_one_setting_is_not_served_under_another(monkeypatch):
+    """Every module setting the search reads is in the cache's key (a bench that changes
+    one between products gets a plan made under it)."""
+    from outcore.gemm import lone, model, plan as plan_mod, shared
+    kw = dict(host_dtype=torch.float32, compute="fp32", budget=1 << 30, n_devices=1,
+              device_type="cpu")
+    first = make_plan(1000, 1000, 1000, **kw)
+    assert make_plan(1000, 1000, 1000, **kw) is first
+    monkeypatch.setattr(plan_mod, "DEFAULT_TILE", {**plan_mod.DEFAULT_TILE, "cpu": 128})
+    smaller = make_plan(1000, 1000, 1000, **kw)
+    assert (smaller.tile_m, smaller.tile_n) == (128, 128) != (first.tile_m, first.tile_n)
+    for mod, name, value in ((plan_mod, "PIECE_BYTES", 1 << 20), (plan_mod, "MIN_TILE",
+                                                                  {"cpu": 8, "cuda": 64}),
+                             (lone, "MIN_PIECES", 8), (lone, "PIECE_FACTORS", (1, 2)),
+                             (model, "ROW_FACTOR", ((1 << 20, 1.0),)),
+                             (shared, "MIN_TILES", 2)):
+        before = make_plan(1000, 1000, 1000, **kw)
+        monkeypatch.setattr(mod, name, value)
+        assert make_plan(1000, 1000, 1000, **kw) is not before, name
+
+
 def test_flat_tiles_by_default_and_planned_apart(monkeypatch):
     """lone.FLAT_TILES (on; bench/gemm.py --square-tiles turns it off) lets the planner pick
     tiles wider than tall where its model says so (bf16 at 32768, link-bound); off, plans

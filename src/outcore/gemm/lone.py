@@ -84,7 +84,8 @@ def settings() -> tuple:
     served under another."""
     return (tuple(A_ROWS), tuple(B_ROWS), B_ROWS_MIN_K, tuple(FEW_WIDE), FEW_WIDE_TILES,
             tuple(TALL_TA), TALL_TA_MIN_M, tuple(FLAT_SIDES), tuple(STRIP_ROWS), SHORT_STRIP,
-            SHORT_STRIP_MAX_M, tuple(sorted(MIN_STRIP_ROWS.items())))
+            SHORT_STRIP_MAX_M, tuple(sorted(MIN_STRIP_ROWS.items())), MIN_PIECES,
+            MIN_WIDE_TILES, tuple(PIECE_FACTORS), tuple(WIDE_PIECE_FACTORS))
 
 
 def whole_k(plan: GemmPlan, tm: int, tn: int, rates: Rates,

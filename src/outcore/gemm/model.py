@@ -51,7 +51,7 @@ D2H_ROWS = True
 
 def settings() -> tuple:
     """The settings above that steer a plan: part of the plan cache's key."""
-    return D2H_ROWS, tuple(D2H_ROW_FACTOR)
+    return D2H_ROWS, tuple(D2H_ROW_FACTOR), tuple(ROW_FACTOR), LONE_DEPTH
 
 
 def row_factor(row_bytes: int, contiguous: bool = False, table=ROW_FACTOR) -> float:

@@ -278,16 +278,23 @@ def make_plan(m: int, n: int, k: int, *, host_dtype: torch.dtype, compute: str, 
     makes them).
     """
     tile = _tile_arg(tile)   # hashable, and a bad tile is reported before any lookup
-    from . import lone, model
+    from . import lone, model, shared
     args = (m, n, k, host_dtype, compute, budget, tile, n_devices, device_type, tuple(layout),
             lone.FLAT_TILES, FIRST_PIECE, SHARED_LONE_TILES, MAX_STRIPS,
-            MIN_STRIP.get(device_type), lone.settings(), model.settings(), LONE_ACCS)
+            MIN_STRIP.get(device_type), lone.settings(), model.settings(), LONE_ACCS,
+            _settings(device_type), shared.settings())
     if rates is not None:
         return _search(*args, rates)
     return _cached_search(*args)
 
 
 PLAN_CACHE = 256
+
+
+def _settings(device_type: str) -> tuple:
+    """This module's other settings that steer a search: in the plan cache's key, so a
+    plan made under one value is never served under another (benches set them)."""
+    return (PIECE_BYTES, MIN_TILE.get(device_type), DEFAULT_TILE.get(device_type))
 
 
 @lru_cache(maxsize=PLAN_CACHE)
@@ -297,10 +304,9 @@ def _cached_search(*args) -> GemmPlan:
 
 def _search(m, n, k, host_dtype, compute, budget, tile, n_devices, device_type, layout,
             flat, first_piece, shared_lone, _max_strips, _min_strip, _lone_settings,
-            _model_settings, lone_accs, rates) -> GemmPlan:
+            _model_settings, lone_accs, _settings, _shared_settings, rates) -> GemmPlan:
     """make_plan's work, on its normalized arguments (the strip settings, read by
-    with_strips, lone.settings() and model.settings() are in them only to key the plan
-    cache)."""
+    with_strips, and the modules' settings() are in them only to key the plan cache)."""
     plan = None
     if n_devices > 1 and device_type == "cuda" and tile[0] is None and shared_lone:
         from .shared import shared   # shared.py imports this module

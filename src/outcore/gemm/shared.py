@@ -23,6 +23,11 @@ STRIP_TILES = 2      # the order's last tiles cut into strips, per device
 MIN_TILES = 4        # whole tiles per device at least; fewer: the older rule (plan.py)
 
 
+def settings() -> tuple:
+    """The settings above: part of the plan cache's key (plan.make_plan)."""
+    return STRIP_TILES, MIN_TILES
+
+
 def shared(lone: GemmPlan, n_devices: int) -> GemmPlan | None:
     """`lone` (a one-GPU plan of the same product) for `n_devices` GPUs sharing the queue:
     no prologue (it would keep one device's every tile live), the last STRIP_TILES per
