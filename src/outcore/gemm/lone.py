@@ -9,9 +9,10 @@ Each keeps a candidate only when the model says it is clearly faster.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from .model import KERNEL_FIT, Rates, estimate_seconds
-from .plan import (MIN_PIECES, MIN_WIDE_TILES, GemmPlan, _fit, _replace, operand_bytes,
-                   with_strips)
+from .plan import MIN_PIECES, MIN_WIDE_TILES, GemmPlan, _fit, operand_bytes, with_strips
 from .tiles import cdiv
 
 # On by default since session 11's probe (bench/results/gemm-probe-h200.json): bf16 at
@@ -200,7 +201,7 @@ def maybe_prologue(plan: GemmPlan, n_devices: int, device_type: str, rates: Rate
         # fp32/fp64 are compute-bound on the H200: a prologue never measured faster there
         pro = (0, q // 4, q // 2) if plan.compute in ("tf32", "bf16") else (0,)
         for p in sorted(set(pro)):
-            cand = _replace(plan, piece_k=pk, prologue=p,
+            cand = replace(plan, piece_k=pk, prologue=p,
                             n_acc=max(2, plan.n_tiles) if p else 2)
             if (p and q < 4) or cand.device_bytes() > plan.budget or cand == plan:
                 continue
@@ -218,8 +219,8 @@ def maybe_prologue(plan: GemmPlan, n_devices: int, device_type: str, rates: Rate
                          ("b_rows", b_rows)):
             if not ok:
                 continue
-            cand = _replace(best, **{flag: True})
+            cand = replace(best, **{flag: True})
             t = estimate_seconds(cand, rates, layout=layout)
             if t < (1.0 - _margin(plan)) * best_t:
                 best, best_t = cand, t
-    return _replace(best, est_seconds=best_t)
+    return replace(best, est_seconds=best_t)

@@ -282,19 +282,14 @@ def make_plan(m: int, n: int, k: int, *, host_dtype: torch.dtype, compute: str, 
     args = (m, n, k, host_dtype, compute, budget, tile, n_devices, device_type, tuple(layout),
             lone.FLAT_TILES, FIRST_PIECE, SHARED_LONE_TILES, MAX_STRIPS,
             MIN_STRIP.get(device_type), lone.settings(), model.settings(), LONE_ACCS,
-            _settings(device_type), shared.settings())
+            (PIECE_BYTES, MIN_TILE.get(device_type), DEFAULT_TILE.get(device_type)),
+            shared.settings())
     if rates is not None:
         return _search(*args, rates)
     return _cached_search(*args)
 
 
 PLAN_CACHE = 256
-
-
-def _settings(device_type: str) -> tuple:
-    """This module's other settings that steer a search: in the plan cache's key, so a
-    plan made under one value is never served under another (benches set them)."""
-    return (PIECE_BYTES, MIN_TILE.get(device_type), DEFAULT_TILE.get(device_type))
 
 
 @lru_cache(maxsize=PLAN_CACHE)
@@ -306,7 +301,8 @@ def _search(m, n, k, host_dtype, compute, budget, tile, n_devices, device_type, 
             flat, first_piece, shared_lone, _max_strips, _min_strip, _lone_settings,
             _model_settings, lone_accs, _settings, _shared_settings, rates) -> GemmPlan:
     """make_plan's work, on its normalized arguments (the strip settings, read by
-    with_strips, and the modules' settings() are in them only to key the plan cache)."""
+    with_strips, the tile and piece sizes, and the modules' settings() are in them only
+    to key the plan cache: a plan made under one value is never served under another)."""
     plan = None
     if n_devices > 1 and device_type == "cuda" and tile[0] is None and shared_lone:
         from .shared import shared   # shared.py imports this module
@@ -386,14 +382,10 @@ def _search_tiles(m, n, k, host_dtype, compute, budget, tile, n_devices, device_
     rows_traffic = m * k + k * n * cdiv(mt, min(g, mt))
     cols_traffic = k * n + m * k * cdiv(nt, min(g, nt))
     if rows_traffic <= cols_traffic:
-        plan = _replace(plan, order="rows", band=min(g, mt))
+        plan = replace(plan, order="rows", band=min(g, mt))
     else:
-        plan = _replace(plan, order="cols", band=min(g, nt))
+        plan = replace(plan, order="cols", band=min(g, nt))
     return with_strips(plan, device_type) if lone_device else plan
-
-
-def _replace(plan: GemmPlan, **kw) -> GemmPlan:
-    return replace(plan, **kw)
 
 
 def with_strips(plan: GemmPlan, device_type: str) -> GemmPlan:
