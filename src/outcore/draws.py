@@ -23,8 +23,8 @@ def seed_of(seed: int, key: str) -> int:
 
 
 class RowBlocks:
-    """fill(name, tensor) from a model's init_param(name, rows, generator), which draws each
-    element on its own: the tensor is cut into blocks of whole rows of about CHUNK elements,
+    """fill(name, tensor) from init_param(name, rows, generator) (a model's, or
+    gemm.Linear's uniform draw), which draws each element on its own: the tensor is cut into blocks of whole rows of about CHUNK elements,
     each drawn from its own generator seeded from (seed, name, block), on a pool of threads
     (a single-threaded torch.normal_ makes about 0.2 G values/s: a minute for 15B). The
     cuts depend on the shape only, so the values do not depend on the thread count."""
@@ -46,7 +46,7 @@ class RowBlocks:
             j.result()   # re-raises an error of init_param here, in the caller's thread
 
     def close(self) -> None:
-        """Let the threads go (the engine calls it once its host state is filled)."""
+        """Let the threads go (once every tensor is filled)."""
         self.pool.shutdown()
 
     def _block(self, name: str, rows: torch.Tensor, i: int) -> None:

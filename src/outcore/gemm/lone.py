@@ -202,7 +202,7 @@ def maybe_prologue(plan: GemmPlan, n_devices: int, device_type: str, rates: Rate
         pro = (0, q // 4, q // 2) if plan.compute in ("tf32", "bf16") else (0,)
         for p in sorted(set(pro)):
             cand = replace(plan, piece_k=pk, prologue=p,
-                            n_acc=max(2, plan.n_tiles) if p else 2)
+                           n_acc=max(2, plan.n_tiles) if p else 2)
             if (p and q < 4) or cand.device_bytes() > plan.budget or cand == plan:
                 continue
             t = estimate_seconds(cand, rates, layout=layout)
