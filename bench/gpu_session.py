@@ -920,6 +920,11 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
                               "tests/stream/test_gpu.py", "tests/stream/test_engine_args.py"]),
                   (100, PY + [B + "cli_gpu.py", "--only", "demo", "--out", "cli-h200-s47"]),
                   (250, record("7b-16k", "stream-h200-s47-7b", 240, "--systems", "outcore"))],
+    # nvidia-h200 (session 47): s47-check without its 7b run (each A/B call below runs HEAD
+    # at 7b-16k twice), so that the A/B's two calls fit the device time left after it
+    "s47-tests": [(260, PY + ["-m", "pytest", "-q", "-rs", "-p", "no:warnings",
+                              "tests/stream/test_gpu.py", "tests/stream/test_engine_args.py"]),
+                  (100, PY + [B + "cli_gpu.py", "--only", "demo", "--out", "cli-h200-s47"])],
     # the 7b-16k A/B of session 45's question, HEAD against 5091731 (session 35's engine of
     # record) in old/ (untar it first, in the same command), over two calls: ABBA needs
     # about 800 s. Each run's limit leaves room for the old tree's slower build.
