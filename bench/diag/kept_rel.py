@@ -55,7 +55,33 @@ def run(init: str, seed: int, keep: bool, device_blocks: int) -> tuple:
     return err, name, flips
 
 
+def plain_cuda(init: str, seed: int) -> None:
+    """Plain PyTorch on CUDA (fp32, no TF32) against plain PyTorch on the CPU, same start:
+    how far the GPU's own arithmetic moves the parameters, and where in embed.weight."""
+    model = build(init, seed)
+    ref = copy.deepcopy(model)
+    gen = torch.Generator().manual_seed(2)
+    batches = [batch_for("decoder", gen) for _ in range(4)]
+    torch.backends.cuda.matmul.allow_tf32 = False
+    plain_steps(ref, batches, None, None)
+    model = model.cuda()
+    plain_steps(model, [{k: v.cuda() for k, v in b.items()} for b in batches], None, None)
+    ours = dict(model.named_parameters())
+    errs = sorted(((rel(ours[n].detach().cpu(), p.detach()), n) for n, p in
+                   ref.named_parameters()), reverse=True)[:3]
+    d = (ours["embed.weight"].detach().cpu() - ref.embed.weight.detach()).abs()
+    top = d.flatten().topk(4)
+    where = [(int(i) // d.shape[1], int(i) % d.shape[1], f"{float(v):.1e}")
+             for v, i in zip(top.values, top.indices)]
+    print(f"plain cuda vs cpu, {init} seed {seed}: "
+          + ", ".join(f"{n} {e:.2e}" for e, n in errs) + f"; embed's largest: {where}",
+          flush=True)
+
+
 def main() -> None:
+    for init in ("materialize", "torch"):
+        for seed in (1, 2, 3):
+            plain_cuda(init, seed)
     rows = []
     for init in ("materialize", "torch"):
         for seed in (1, 2, 3):
