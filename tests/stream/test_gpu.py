@@ -6,9 +6,30 @@ import torch
 import outcore
 
 from .models import loss_fn_for
-from .test_equivalence import EPS, LR, WD, assert_params_match, model_ref_batches, plain_steps
+from .test_equivalence import (EPS, LR, WD, assert_params_match, model_ref_batches,
+                               plain_steps, rel)
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+def assert_params_match_gpu_floor(engine, ref, start, batches):
+    """Every parameter within 1e-4 relative of plain PyTorch's on the CPU (ref, trained), or
+    within twice as far as plain PyTorch on the GPU lands from it, from the same start.
+
+    The second bound is the GPU's own arithmetic: a gradient element that cancels to near
+    zero gets its sign and size from rounding, and AdamW's first steps scale it up to about
+    lr. With the tiny decoder's seed-1 draw one element of embed.weight moves 4e-4 apart
+    between plain PyTorch on the CPU and on the GPU (2.45e-4 relative for the tensor;
+    bench/results/kept-rel-h200-s47b.log), more than the engine's own 2.2e-4."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    gpu = start.cuda()
+    plain_steps(gpu, [{k: v.cuda() for k, v in b.items()} for b in batches], None, None)
+    floor = {n: rel(p.detach().cpu(), dict(ref.named_parameters())[n].detach())
+             for n, p in gpu.named_parameters()}
+    ours = dict(engine.model.named_parameters())
+    for name, p in ref.named_parameters():
+        err = rel(ours[name].detach(), p.detach())
+        assert err < max(1e-4, 2 * floor[name]), (name, err, floor[name])
 
 
 @pytest.mark.parametrize("family", ["decoder", "llama", "gpt2", "sequential"])
@@ -293,7 +314,7 @@ def test_kept_weights_on_gpu_match_plain_pytorch():
     from .models import batch_for
     torch.manual_seed(1)
     model = outcore.models.decoder("tiny", layers=9, vocab=96, max_seq=64)
-    ref = copy.deepcopy(model)
+    ref, start = copy.deepcopy(model), copy.deepcopy(model)
     gen = torch.Generator().manual_seed(2)
     batches = [batch_for("decoder", gen) for _ in range(4)]
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -309,7 +330,7 @@ def test_kept_weights_on_gpu_match_plain_pytorch():
     for g, w in zip(got, want):
         assert abs(g - w) <= 1e-5 * abs(w) + 1e-6, (got, want)
     assert kept == [0, 3, 3, 3]
-    assert_params_match(eng, ref)
+    assert_params_match_gpu_floor(eng, ref, start, batches)
     eng.close()
 
 
