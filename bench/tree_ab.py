@@ -52,7 +52,8 @@ def _run(tree: Path, commit: str, name: str, args, out_dir: Path) -> dict | list
     print(f"{name}: rc {rc}", flush=True)
     if not result.exists():
         return None
-    shutil.copy(result, out_dir / result.name)
+    if not (out_dir / result.name).exists() or not result.samefile(out_dir / result.name):
+        shutil.copy(result, out_dir / result.name)   # the new tree's results may be out_dir
     runs = json.loads(result.read_text())["runs"]
     if args.bench == "swap":
         return runs

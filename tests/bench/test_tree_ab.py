@@ -33,3 +33,26 @@ def test_a_timed_out_stream_run_names_the_line_it_stopped_after(monkeypatch, cap
                             "25.1 GiB of fp32 master weights")
     assert row["system"] == "outcore" and row["case"] == "7b-16k"
     assert "model: 6.74B params built" in capsys.readouterr().out
+
+
+def test_a_run_whose_results_are_already_in_out_dir_is_read(monkeypatch, tmp_path):
+    """`--out-dir bench/results` for the new tree (the tree itself): its result is the same
+    file, read where it lies (session 47's first A/B call crashed copying it onto itself
+    and so never printed its table)."""
+    import json
+    from types import SimpleNamespace
+    ab = load_stream_bench("tree_ab")
+    results = tmp_path / "bench" / "results"
+    results.mkdir(parents=True)
+    row = {"system": "outcore", "step_s": 2.0}
+
+    def ran(cmd, **kw):
+        (results / "x.json").write_text(json.dumps({"runs": [row]}))
+        return SimpleNamespace(returncode=0)
+    monkeypatch.setattr(ab.subprocess, "run", ran)
+    args = SimpleNamespace(bench="stream", case="7b-16k", timeout=10, steps=5)
+    assert ab._run(tmp_path, "abc", "x", args, results) == row
+    other = tmp_path / "out"
+    other.mkdir()
+    assert ab._run(tmp_path, "abc", "x", args, other) == row
+    assert json.loads((other / "x.json").read_text())["runs"] == [row]
