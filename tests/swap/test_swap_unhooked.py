@@ -162,6 +162,25 @@ def test_a_forward_interrupted_by_ctrl_c_leaves_nothing_behind():
     assert_same_grads(model, plain)
 
 
+def test_ops_right_after_ctrl_c_are_not_swapped():
+    """Between the interrupted forward and the next one, the first tensor the user's own
+    code saves finds that forward gone: the hooks come off there, nothing of it is packed."""
+    model = _Interruptible()
+    x, _ = batch(4)
+    with outcore.swap(model, gpu_memory="1GiB", min_swap_bytes=1, force_copy=True) as s:
+        _interrupt(model, x)
+        assert s._depth == 1 and s._stack          # torch ran no always-call hook
+        saved = s.report().saved_tensors
+        a = torch.randn(64, requires_grad=True)
+        y = torch.tanh(a * a)                      # saves a (twice) and tanh's output
+        assert s._depth == 0 and not s._frames and not s._stack
+        y.sum().backward()
+        assert s.report().saved_tensors == saved
+    b = a.detach().clone().requires_grad_()
+    torch.tanh(b * b).sum().backward()
+    assert torch.equal(a.grad, b.grad)
+
+
 def test_a_nested_call_is_still_nested():
     """A model calling itself inside its forward (recursion) is one forward, not a dead one."""
     class Rec(torch.nn.Module):

@@ -13,7 +13,9 @@ Hooks go on from construction until close() (or the end of the `with` block, als
 exception). The saved-tensor hooks are pushed by a forward pre-hook of `model` and popped
 by its forward hook (always_call, so also when forward raises): they cover exactly the
 tensors saved inside model's forward, nest with other swaps (the innermost one packs) and
-never stay on autograd's hook stack after the forward. close() removes every module hook,
+never stay on autograd's hook stack after the forward (after a KeyboardInterrupt inside it,
+for which torch runs no always-call hook: until the next tensor saved on its thread outside
+it, or the next forward, or close()). close() removes every module hook,
 puts every parameter back on the device, and waits for copies still in flight.
 
 The model's modules and parameters are read once, at construction: a layer or parameter
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+import threading
 
 import torch
 from torch import nn
@@ -32,7 +35,7 @@ from torch.autograd.graph import saved_tensors_hooks
 from torch.utils._pytree import tree_leaves
 
 from ..errors import OutcoreError
-from .activations import ActivationSwapper
+from .activations import ActivationSwapper, _alias
 from .config import SwapConfig
 from .host import HostStore
 from .param_guard import COMPILED, ParamGuard, refuse_compiled, wanted as guard_wanted
@@ -65,6 +68,7 @@ class Swap:
         self._stack: list[saved_tensors_hooks | None] = []   # None: a forward run unhooked
         self._depth = 0
         self._frames: list = []     # the frame that called each live forward (innermost last)
+        self._thread: int | None = None   # the thread the outermost live forward runs on
         self._hooked = True
         self.closed = False
         self._entered = 0           # `with` blocks of this swap entered and not left
@@ -101,6 +105,7 @@ class Swap:
         # only while it runs: _exit lets go of it)
         self._frames.append(sys._getframe(1))
         if self._depth == 1:
+            self._thread = threading.get_ident()
             if self.params is not None:
                 self.params.begin_forward()
             sig = signature(module, args, kwargs, self._params)
@@ -117,7 +122,7 @@ class Swap:
                 self._report.unhooked_forwards += 1
         ctx = None
         if self._hooked:
-            ctx = saved_tensors_hooks(self.acts.pack, self.acts.unpack)
+            ctx = saved_tensors_hooks(self._pack, self.acts.unpack)
             ctx.__enter__()
         self._stack.append(ctx)
 
@@ -164,6 +169,20 @@ class Swap:
                 self._pop_guard()
                 if self._hooked:
                     self.acts.end_forward([], failed=True)
+
+    def _pack(self, t: torch.Tensor):
+        """acts.pack while the forward that pushed these hooks runs. One interrupted by a
+        KeyboardInterrupt left them pushed: the first tensor saved on its thread after it
+        (a user's op after Ctrl-C) finds its frame gone, takes them off and is saved as it
+        is. Saves on autograd's device threads (no forward frames there) are not checked."""
+        if self._frames and self._thread == threading.get_ident():
+            target, f = self._frames[-1], sys._getframe(1)
+            while f is not None and f is not target:   # a few frames up when it runs
+                f = f.f_back
+            if f is None:
+                self._drop_dead_forwards()
+                return _alias(t)
+        return self.acts.pack(t)
 
     def _exit(self, module, args, output) -> None:
         if self._frames:
