@@ -32,7 +32,6 @@ import threading
 import torch
 from torch import nn
 from torch.autograd.graph import saved_tensors_hooks
-from torch.utils._pytree import tree_leaves
 
 from ..errors import OutcoreError
 from .activations import ActivationSwapper, _alias
@@ -41,6 +40,7 @@ from .host import HostStore
 from .param_guard import COMPILED, ParamGuard, refuse_compiled, wanted as guard_wanted
 from .params import ParamSwapper, _tensors
 from .report import CopyClock, SwapReport
+from .signature import signature
 from .where import ModuleNames
 
 _OPTIONS = {f.name for f in dataclasses.fields(SwapConfig)}
@@ -272,30 +272,6 @@ def _compiled_caller() -> bool:
     frames = getattr(getattr(torch._C, "_dynamo", None), "eval_frame", None)
     get = getattr(frames, "get_eval_frame_callback", None)
     return torch.compiler.is_compiling() or (get is not None and get() not in (None, False))
-
-
-def _autocast_state() -> tuple:
-    return tuple((torch.is_autocast_enabled(dev), torch.get_autocast_dtype(dev))
-                 for dev in ("cuda", "cpu"))
-
-
-def signature(module: nn.Module, args, kwargs, params=None) -> tuple | None:
-    """What decides the sizes a forward saves: the inputs' shapes, dtypes and devices, the
-    other arguments, training mode, grad mode, autocast and which parameters (`params`,
-    default module.parameters()) require grad (unfreezing layers makes autograd save their
-    activations). None when an argument cannot be compared (then the forward is always
-    hooked)."""
-    params = module.parameters() if params is None else params
-    sig = [module.training, torch.is_grad_enabled(), _autocast_state(),
-           tuple(p.requires_grad for p in params)]
-    for leaf in tree_leaves((args, kwargs)):
-        if isinstance(leaf, torch.Tensor):
-            sig.append((tuple(leaf.shape), leaf.dtype, leaf.device, leaf.requires_grad))
-        elif leaf is None or isinstance(leaf, (bool, int, float, str)):
-            sig.append(leaf)
-        else:
-            return None
-    return tuple(sig)
 
 
 def swap(model: nn.Module, gpu_memory=None, min_swap_bytes="1MiB", *,

@@ -8,7 +8,7 @@ CUDA context at worst. A TorchFunctionMode sees each op's arguments before the o
 raises a one-line error naming the parameter and its module instead.
 
 It costs a Python call per op, so it runs only on a forward whose signature (inputs'
-shapes, training mode, ...: context.signature) has not been checked yet, up to
+shapes, training mode, ...: signature.py) has not been checked yet, up to
 MAX_CHECKED signatures; code that reads a parameter outside its module only on some later
 forward of an already-checked signature is not caught. Nor is a forward of a model holding
 an nn.MultiheadAttention in eval mode (or any, under no_grad), a frozen encoder in a
@@ -82,7 +82,7 @@ def refuse_compiled(model: torch.nn.Module) -> None:
 
 
 def wanted(model: torch.nn.Module, checked: set, sig) -> bool:
-    """Guard a forward of `sig` (context.signature) now? See the module docstring."""
+    """Guard a forward of `sig` (signature.py) now? See the module docstring."""
     if sig in checked or len(checked) >= MAX_CHECKED:
         return False
     # Each such module decides on its own mode (a frozen encoder in eval under a training

@@ -2,7 +2,7 @@
 
 Packing costs Python work per saved tensor (about 23 ms a step for ResNet-152's ~1000
 on the H200 run), so a forward that will keep everything on the device skips it: when its
-inputs' signature (context.signature) equals that of the last forward that kept every
+inputs' signature (signature.py) equals that of the last forward that kept every
 saved tensor, and that forward's saved bytes still fit each device's budget with what is
 allocated now. An unhooked forward vouches for the next one only if it succeeded and, on
 CUDA, kept no more than the room the budget gave it.
