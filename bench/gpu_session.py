@@ -925,6 +925,12 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
     "s47-tests": [(260, PY + ["-m", "pytest", "-q", "-rs", "-p", "no:warnings",
                               "tests/stream/test_gpu.py", "tests/stream/test_engine_args.py"]),
                   (100, PY + [B + "cli_gpu.py", "--only", "demo", "--out", "cli-h200-s47"])],
+    # nvidia-h200 (written in session 47, for the next): swap's CUDA tests with the
+    # interrupted-forward tests, then the whole swap bench at HEAD (session 47's check of an
+    # interrupted forward walks a few frames per saved tensor) against session 45's record
+    "s47-swap": [(120, PY + ["-m", "pytest", "-q", "-rs", "-p", "no:warnings",
+                             "tests/swap/test_swap_cuda.py", "tests/swap/test_swap_unhooked.py"]),
+                 (280, PY + [B + "swap.py", "--budget-s", "240", "--out", "swap-h200-s47"])],
     # the 7b-16k A/B of session 45's question, HEAD against 5091731 (session 35's engine of
     # record) in old/ (untar it first, in the same command), over two calls: ABBA needs
     # about 800 s. Each run's limit leaves room for the old tree's slower build.
