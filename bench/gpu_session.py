@@ -137,7 +137,7 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
     "stream-64k-gemm": [(320, PY + [B + "stream.py", "--cases", "3b-64k", "--compiled",
                                     "--largest", "0", "--skip-tests", "--append",
                                     "--timeout", "170"]),
-                        (150, PY + ["-m", "pytest", "-q", "-x",
+                        (150, PY + ["-m", "pytest", "-x",
                                     "tests/gemm/test_gemm_gpu.py"]),
                         (120, PY + [B + "gemm_linear.py"])],
     # nvidia-h200: the largest row appended; the gemm bench under a time budget
@@ -150,7 +150,7 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
                (150, PY + [B + "adamw_cast.py", "--thp", "--out", "adamw-cast-h200-thp1"])],
     # nvidia-h200: the gemm GPU tests (the arena's budget test failed in session 9), the
     # Linear layer against 8 GiB, the allocations behind its peak, the host's AdamW rates
-    "gemm": [(150, PY + ["-m", "pytest", "-q", "-x", "tests/gemm/test_gemm_gpu.py"]),
+    "gemm": [(150, PY + ["-m", "pytest", "-x", "tests/gemm/test_gemm_gpu.py"]),
              (150, PY + [B + "gemm_linear.py"]),
              (100, PY + [B + "diag/gemm_linear_mem.py", "--features", "65536", "--tokens",
                          "4096", "--gpu-memory", "8GiB", "--min-mib", "256"]),
@@ -164,14 +164,14 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
     # nvidia-h200 (session 14): the GPU test of lazy copies under a d2h stream running
     # behind, then outcore alone at 3b-16k: the default, lazy copies, lazy with rest and
     # 9 blocks on the device
-    "lazy-ab": [(120, PY + ["-m", "pytest", "-q", "-x", "tests/stream/test_gpu.py", "-k",
+    "lazy-ab": [(120, PY + ["-m", "pytest", "-x", "tests/stream/test_gpu.py", "-k",
                             "behind"]),
                 (470, PY + [B + "stream_ab.py", "--variants", "balance,lazy,lazy-9",
                             "--skip-tests", "--tag", "lazy"])],
     # nvidia-h200 (session 14): the GPU tests of lazy copies and resident m, v under a d2h
     # stream running behind, then 3b-16k outcore alone: the default, and lazy copies with
     # 3 blocks' m, v resident, with and without the kept weights
-    "res-ab": [(120, PY + ["-m", "pytest", "-q", "-x", "tests/stream/test_gpu.py", "-k",
+    "res-ab": [(120, PY + ["-m", "pytest", "-x", "tests/stream/test_gpu.py", "-k",
                            "behind"]),
                (450, PY + [B + "stream_ab.py", "--variants", "balance,res3,res3-nokeep",
                            "--skip-tests", "--tag", "res"])],
@@ -179,7 +179,7 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
     # then every stream GPU test (lazy copies touched the default path's weight source)
     "thp-tests": [(150, PY + [B + "adamw_cast.py", "--out", "adamw-cast-h200-thp0"]),
                   (150, PY + [B + "adamw_cast.py", "--thp", "--out", "adamw-cast-h200-thp1"]),
-                  (240, PY + ["-m", "pytest", "-q", "-x", "tests/stream/test_gpu.py"])],
+                  (240, PY + ["-m", "pytest", "-x", "tests/stream/test_gpu.py"])],
     # nvidia-h200 (session 14, the last 260 s): the probe's strip variants, then the square
     # cases with the default strips (4) and with 8
     "strips-ab": [(90, PY + [B + "gemm_probe.py"]),
@@ -188,30 +188,30 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
                              "gemm-h200-s14-sq-strips8"])],
     # nvidia-h200 (session 15): the gemm GPU tests (the CPU's band among them), then the
     # square fp32 cases with and without the host's band beside the GPU, and bf16, 5 runs
-    "band-ab": [(170, PY + ["-m", "pytest", "-q", "-x", "tests/gemm/test_gemm_gpu.py"]),
+    "band-ab": [(170, PY + ["-m", "pytest", "-x", "tests/gemm/test_gemm_gpu.py"]),
                 (300, PY + [B + "gemm.py", "--with-cpu", "--cases",
                             "fp32-16384,fp32-32768,bf16-32768", "--runs", "5", "--out",
                             "gemm-h200-s15-band"])],
     # nvidia-h200 (session 15, after band-ab): the gemm GPU tests again (band-ab's stopped at
     # the band test's first form), then 1b-16k with every system (no stream code changed
     # since stream-record's GPU tests passed), to its own file for bench/merge_parts.py
-    "s15-final": [(170, PY + ["-m", "pytest", "-q", "tests/gemm/test_gemm_gpu.py"]),
+    "s15-final": [(170, PY + ["-m", "pytest", "tests/gemm/test_gemm_gpu.py"]),
                   (330, PY + [B + "stream.py", "--cases", "1b-16k", "--compiled",
                               "--largest", "0", "--skip-tests", "--timeout", "150", "--out",
                               "stream-h200-s15-1b"])],
     # nvidia-h200 (session 15, after s15-final): the band's GPU test, whose monkeypatch
     # named the function outcore.gemm.matmul instead of the module there
-    "band-tests": [(150, PY + ["-m", "pytest", "-q", "tests/gemm/test_gemm_gpu.py", "-k",
+    "band-tests": [(150, PY + ["-m", "pytest", "tests/gemm/test_gemm_gpu.py", "-k",
                                "band"])],
     # nvidia-h200: the gemm GPU tests alone (the strip blocks have not run under them)
-    "gemm-tests": [(150, PY + ["-m", "pytest", "-q", "-x", "tests/gemm/test_gemm_gpu.py"])],
+    "gemm-tests": [(150, PY + ["-m", "pytest", "-x", "tests/gemm/test_gemm_gpu.py"])],
     # nvidia-h200 (session 16): the tiles' kernels and the square products under cuBLAS
     # and under cuBLASLt (torch.backends.cuda.preferred_blas_library), cuBLASXt beside
     "blas-probe": [(300, PY + [B + "diag/blas_backend.py"])],
     # nvidia-h200 (session 16): the gemm GPU tests (A by rows among them), then bf16-32768
     # and the bf16 NT/NN training shapes with A's panels by rows (the new default) and
     # without, then bf16-32768 by rows again (drift between the two runs)
-    "arows-ab": [(150, PY + ["-m", "pytest", "-q", "tests/gemm/test_gemm_gpu.py"]),
+    "arows-ab": [(150, PY + ["-m", "pytest", "tests/gemm/test_gemm_gpu.py"]),
                  (150, PY + [B + "gemm.py", "--cases", A_ROWS_CASES, "--runs", "5", "--out",
                              "gemm-h200-s16-rows"]),
                  (150, PY + [B + "gemm.py", "--a-rows", "none", "--cases", A_ROWS_CASES,
@@ -230,7 +230,7 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
                                 "--out", "gemm-h200-s16-fp32pieces"])],
     # nvidia-h200 (session 16, the last gemm call): the gemm GPU tests, then the whole gemm
     # bench at A by rows for bf16 (the run of record; session 14's kept as gemm-h200-s14)
-    "s16-record": [(150, PY + ["-m", "pytest", "-q", "tests/gemm/test_gemm_gpu.py"]),
+    "s16-record": [(150, PY + ["-m", "pytest", "tests/gemm/test_gemm_gpu.py"]),
                    (420, PY + [B + "gemm.py", "--budget-s", "330"])],
     # nvidia-h200 (session 16): 3b-64k outcore alone, the default (the step was 3.27 s
     # against 2.94 s of compute in session 11, with 0.35 s of host wait for the CPU AdamW
@@ -277,7 +277,7 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
     # the gemm GPU tests; fp32-16384's variants (lazy, eager, smaller first pieces), two
     # traced; then lazy against eager on fp32-16384 and the shapes at 16384 tokens, two
     # rounds in opposite orders
-    "s23-lazy": [(150, PY + ["-m", "pytest", "-q", "tests/gemm/test_gemm_gpu.py"]),
+    "s23-lazy": [(150, PY + ["-m", "pytest", "tests/gemm/test_gemm_gpu.py"]),
                  (120, ["env", "PROBE_TRACED=auto,first512", "PROBE_TIMELINE=1"] + PY
                   + [B + "gemm_probe.py", "--only", "fp32-16384", "--no-kernels", "--out",
                      "gemm-probe-h200-s23-lazy"])] + [
@@ -301,7 +301,7 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
     # nvidia-h200 (session 23, at 61e17df, after Lanes.on switches streams by set_stream;
     # the switch is the gemm worker's alone since): its GPU test, then the new switch
     # against torch.cuda.stream() on the lazy A/B's cases, two rounds in opposite orders
-    "s23-ctx": [(90, PY + ["-m", "pytest", "-q", "tests/gemm/test_gemm_gpu.py", "-k",
+    "s23-ctx": [(90, PY + ["-m", "pytest", "tests/gemm/test_gemm_gpu.py", "-k",
                            "lanes_on or matches_float64"])] + [
         (60, PY + [B + "gemm.py", "--cases", LAZY_CASES, "--runs", "5"]
          + (["--torch-stream-ctx"] if tag == "ctx" else [])
@@ -309,7 +309,7 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
         for i, order in ((1, ("light", "ctx")), (2, ("ctx", "light"))) for tag in order],
     # nvidia-h200 (written in session 23, not run: its device time ran out): the gemm GPU
     # tests at the session's last engine
-    "s23-tests": [(60, PY + ["-m", "pytest", "-q", "tests/gemm/test_gemm_gpu.py"])],
+    "s23-tests": [(60, PY + ["-m", "pytest", "tests/gemm/test_gemm_gpu.py"])],
     # nvidia-h200 (session 24; split copies and the --huge-pages host matrices were measured
     # at 6d306ff and a8c73e1, by steps s24-split and s24-pages, and left the library
     # since): the gemm run of record at HEAD
@@ -348,7 +348,7 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
                            ("t8192x8192", "8192,8192"))],
     # nvidia-h200 (session 25): the gemm GPU tests with compute="tf32x3" (split.py), then
     # the square fp32 cases and two fp32 training shapes with its rows beside fp32's
-    "s25-x3": [(150, PY + ["-m", "pytest", "-q", "-p", "no:warnings",
+    "s25-x3": [(150, PY + ["-m", "pytest", "-p", "no:warnings",
                            "tests/gemm/test_gemm_gpu.py"]),
                (240, PY + [B + "gemm.py", "--cases", "fp32-16384,fp32-32768,"
                            "train-NN-t16384-f8192-fp32,train-TN-t32768-f16384-fp32", "--runs", "5",
@@ -358,7 +358,7 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
     "s25-x3acc": [(120, PY + [B + "diag/x3_accuracy.py"])],
     # nvidia-h200 (session 25): the same with split.py's large term in 2048-deep calls,
     # its product through outcore in three layouts, the GPU tests, the fp32 cases again
-    "s25-x3b": [(90, PY + ["-m", "pytest", "-q", "-p", "no:warnings",
+    "s25-x3b": [(90, PY + ["-m", "pytest", "-p", "no:warnings",
                            "tests/gemm/test_gemm_gpu.py", "-k", "tf32x3 or matches_float64"]),
                 (150, PY + [B + "diag/x3_accuracy.py"]),
                 (240, PY + [B + "gemm.py", "--cases", "fp32-16384,fp32-32768,"
@@ -369,7 +369,7 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
     "s25-x3shapes": [(200, PY + [B + "diag/x3_shapes.py"])],
     # nvidia-h200 (session 25, after KERNEL_FIT["tf32x3"]): the GPU tests, then tf32x3's
     # large term in 2048-deep GEMM calls against 1024-deep, a process each, twice
-    "s25-x3ab": [(60, PY + ["-m", "pytest", "-q", "-p", "no:warnings",
+    "s25-x3ab": [(60, PY + ["-m", "pytest", "-p", "no:warnings",
                             "tests/gemm/test_gemm_gpu.py", "-k", "tf32x3 or matches_float64"])]
     + [(90, PY + [B + "gemm.py", "--cases", "fp32-16384,train-NN-t16384-f8192-fp32,"
                   "train-NT-t16384-f8192-fp32", "--runs", "5", "--x3-chunk", str(kc),
@@ -377,7 +377,7 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
        for i, order in ((1, (2048, 1024)), (2, (1024, 2048))) for kc in order],
     # nvidia-h200 (session 25, split.BIG_CHUNK 1024): the gemm run of record, with the
     # tf32x3 rows of every fp32 case, after the gemm GPU tests
-    "s25-record": [(60, PY + ["-m", "pytest", "-q", "-p", "no:warnings",
+    "s25-record": [(60, PY + ["-m", "pytest", "-p", "no:warnings",
                               "tests/gemm/test_gemm_gpu.py"]),
                    (540, PY + [B + "gemm.py", "--budget-s", "400"])],
     # nvidia-h200 (session 25): the cases s25-record's 400 s did not reach (the bf16
@@ -388,7 +388,7 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
                              "--budget-s", "170", "--out", "gemm-h200-s25-rest"])],
     # nvidia-h200 (written in session 25 for the next): the gemm GPU tests and the run of
     # record in one process with room for all 40 cases (session 25's 400 s reached 19)
-    "s26-record": [(60, PY + ["-m", "pytest", "-q", "-p", "no:warnings",
+    "s26-record": [(60, PY + ["-m", "pytest", "-p", "no:warnings",
                               "tests/gemm/test_gemm_gpu.py"]),
                    (530, PY + [B + "gemm.py", "--budget-s", "500"])],
     # nvidia-h200 (session 26): tf32x3 on Gram matrices; bf16-32768 traced (its record
@@ -420,9 +420,9 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
                    for i in range(1, 6)],
     # nvidia-h200 (session 26): the other capabilities' GPU tests at HEAD (transfer.py and
     # memory/ changed since the stream tests last ran on a GPU, session 20)
-    "s26-gputests": [(240, PY + ["-m", "pytest", "-q", "-p", "no:warnings",
+    "s26-gputests": [(240, PY + ["-m", "pytest", "-p", "no:warnings",
                                  "tests/stream/test_gpu.py"]),
-                     (120, PY + ["-m", "pytest", "-q", "-p", "no:warnings",
+                     (120, PY + ["-m", "pytest", "-p", "no:warnings",
                                  "tests/swap/test_swap_cuda.py", "tests/embed/test_fused.py"])],
     # nvidia-h200 (session 26): tf32x3's GEMM rates by tile shape at BIG_CHUNK 512, for a
     # refit of model.KERNEL_FIT["tf32x3"] (session 25's fit was at 2048)
@@ -449,7 +449,7 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
     # spent 1 ms before the first copy (gemm-trace-h200-s27-p*.json); the GPU tests first,
     # one product's host profile last. (Its first form, s27-host at c34390c, also copied
     # by address: no faster, and its d2h failed in host_setup.py; removed.)
-    "s27-host": [(150, PY + ["-m", "pytest", "-q", "-p", "no:warnings",
+    "s27-host": [(150, PY + ["-m", "pytest", "-p", "no:warnings",
                              "tests/gemm/test_gemm_gpu.py"]),
                  (300, ["env", "TILE_AB=planner," + OLD_HOST, "TILE_AB_TAG=host2"] + PY + [
                      B + "diag/tile_ab.py"] + [
@@ -470,7 +470,7 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
     # nvidia-h200 (session 28): compute="strassen" (one Strassen-Winograd level in fp32
     # arithmetic, gemm/strassen.py): its GPU tests, then beside outcore's fp32 path,
     # cuBLASXt and in-core torch on the square fp32 cases and three training shapes
-    "s28-strassen": [(120, PY + ["-m", "pytest", "-q", "-p", "no:warnings",
+    "s28-strassen": [(120, PY + ["-m", "pytest", "-p", "no:warnings",
                                  "tests/gemm/test_gemm_gpu.py", "-k", "strassen"]),
                      (420, PY + [B + "gemm.py", "--cases", ",".join([
                          "fp32-16384", "fp32-32768", "train-NN-t16384-f8192-fp32",
@@ -495,7 +495,7 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
     # B's, and the three switches on (a 512-deep first piece, 8 strips, the sums on a side
     # stream) against them off and against each piece depth, alternating in one process;
     # the GPU tests first, a trace last
-    "s28-strassen3": [(120, PY + ["-m", "pytest", "-q", "-p", "no:warnings",
+    "s28-strassen3": [(120, PY + ["-m", "pytest", "-p", "no:warnings",
                                   "tests/gemm/test_gemm_gpu.py", "-k", "strassen"]),
                       (330, ["env", "TILE_AB=planner,compute=strassen,compute=strassen+"
                              "set=strassen.FIRST_PIECE=0+set=strassen.STRIPS=4+"
@@ -512,7 +512,7 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
     # nvidia-h200 (session 28): strassen with M1's GEMMs enqueued between its pieces'
     # copies (the host reached the first GEMM 2.4 ms after its pieces had landed): the GPU
     # tests, fp32-16384 traced, then the whole bench (the record) with the strassen rows
-    "s28-record": [(120, PY + ["-m", "pytest", "-q", "-p", "no:warnings",
+    "s28-record": [(120, PY + ["-m", "pytest", "-p", "no:warnings",
                                "tests/gemm/test_gemm_gpu.py"]),
                    (40, ["env", "GEMM_TRACE_TAG=s28-strassen4",
                          "GEMM_TRACE_COMPUTE=strassen"] + PY + [
@@ -533,7 +533,7 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
     # nvidia-h200 (session 28): strassen's M2 and M7 by copy pieces (PIECEWISE) against
     # whole, alternating in one process, on the TN shapes it ran slower than the tiled
     # path and three others; the GPU tests first (both ways)
-    "s28-piecewise": [(150, PY + ["-m", "pytest", "-q", "-p", "no:warnings",
+    "s28-piecewise": [(150, PY + ["-m", "pytest", "-p", "no:warnings",
                                   "tests/gemm/test_gemm_gpu.py", "-k", "strassen"]),
                       (300, ["env", "TILE_AB=planner,compute=strassen,"
                              "compute=strassen+set=strassen_worker.PIECEWISE=1",
@@ -544,7 +544,7 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
                                  "fp32-16384"])],
     # nvidia-h200 (session 28): the strassen GPU tests at HEAD, then every fp32 case of the
     # bench (no tf32x3 rows) with strassen's M2 and M7 by pieces where the rule says so
-    "s28-fp32": [(100, PY + ["-m", "pytest", "-q", "-p", "no:warnings",
+    "s28-fp32": [(100, PY + ["-m", "pytest", "-p", "no:warnings",
                              "tests/gemm/test_gemm_gpu.py", "-k", "strassen"]),
                  (280, PY + [B + "gemm.py", "--cases", ",".join(
                      ["fp32-16384", "fp32-32768"] + [
@@ -555,7 +555,7 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
     # STRIP_MIN elements at least against session 28's 8 always (STRIP_MIN=1), the TN shapes
     # with 8192 features (their 512-row strips ran at half rate) and NN 16384 x 8192 (8 ->
     # 4 strips); fp32-32768 under budgets that cut it (super-tiles, K blocks) both ways
-    "s29-a": [(150, PY + ["-m", "pytest", "-q", "-p", "no:warnings",
+    "s29-a": [(150, PY + ["-m", "pytest", "-p", "no:warnings",
                           "tests/gemm/test_gemm_gpu.py"]),
               (200, ["env", "TILE_AB=compute=strassen,compute=strassen+set=strassen."
                      "STRIP_MIN=1", "TILE_AB_TAG=s29-strips"] + PY + [
@@ -572,8 +572,8 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
                          B + "diag/tile_ab.py", "train-TN-t16384-f8192-fp32",
                          "train-TN-t32768-f8192-fp32", "train-TN-t65536-f8192-fp32",
                          "train-NN-t16384-f8192-fp32"]),
-              (240, PY + ["-m", "pytest", "-q", "-p", "no:warnings", "tests/stream/test_gpu.py"]),
-              (120, PY + ["-m", "pytest", "-q", "-p", "no:warnings",
+              (240, PY + ["-m", "pytest", "-p", "no:warnings", "tests/stream/test_gpu.py"]),
+              (120, PY + ["-m", "pytest", "-p", "no:warnings",
                           "tests/swap/test_swap_cuda.py", "tests/embed/test_fused.py"])],
     # nvidia-h200 (session 29): issue 3's 3b-16k row again at HEAD, its peers in the same
     # run (the stream GPU tests passed in s29-b)
@@ -619,7 +619,7 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
     # the CPU worker's need order), then 3b-16k outcore alone, 8 measured steps each: the
     # CPU AdamW taking the landed gradient the next forward needs first (the default, in
     # the variant "balance") against the oldest first ("arrival"), both orders of the two
-    "s31-order": [(240, PY + ["-m", "pytest", "-q", "-p", "no:warnings",
+    "s31-order": [(240, PY + ["-m", "pytest", "-p", "no:warnings",
                               "tests/stream/test_gpu.py"]),
                   (330, PY + [B + "stream_ab.py", "--variants", "balance,arrival",
                               "--skip-tests", "--steps", "8", "--tag", "s31a"])],
@@ -660,7 +660,7 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
     # the stream GPU tests at HEAD (the AdamW+cast kernel's loop was rewritten for the
     # opt-in stores), then the largest row (not run since session 18, before session 30's
     # staging default)
-    "s32-check": [(240, PY + ["-m", "pytest", "-q", "-p", "no:warnings",
+    "s32-check": [(240, PY + ["-m", "pytest", "-p", "no:warnings",
                               "tests/stream/test_gpu.py"]),
                   (300, PY + [B + "stream.py", "--cases", "", "--skip-tests", "--timeout",
                               "140", "--out", "stream-h200-s32-largest"])],
@@ -711,7 +711,7 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
     # after the gemm GPU tests that cover the new path and its neighbours. Ran at ad2875d;
     # the column strips, both flags and their test were removed after it (59-62 ms against
     # 52: bench/NOTES.md, session 34), so the step no longer runs as written
-    "s34-tn": [(120, PY + ["-m", "pytest", "-q", "-p", "no:warnings",
+    "s34-tn": [(120, PY + ["-m", "pytest", "-p", "no:warnings",
                            "tests/gemm/test_gemm_gpu.py", "-k",
                            "column_strips or a_rows or matches_float64 or transposes"])] + [
         (70, PY + [B + "gemm.py", "--cases", TN_NEW_PANEL, "--runs", "5"] + flags
@@ -726,7 +726,7 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
     # nvidia-h200 (session 34): rest's m, v from the compute stream's pool (the default
     # now) against the h2d stream's: the stream GPU tests of device updates first, then
     # 3b-16k outcore alone, 8 measured steps, two rounds in opposite orders
-    "s34-pool": [(120, PY + ["-m", "pytest", "-q", "-p", "no:warnings",
+    "s34-pool": [(120, PY + ["-m", "pytest", "-p", "no:warnings",
                              "tests/stream/test_gpu.py", "-k",
                              "compute_streams_pool or running_behind or budget_is_kept"])] + [
         (230, PY + [B + "stream_ab.py", "--variants", v, "--skip-tests", "--steps", "8",
@@ -734,7 +734,7 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
         for v, tag in (("balance,mv-h2d", "s34e"), ("mv-h2d,balance", "s34f"))],
     # nvidia-h200 (written in session 34, for the next): the stream GPU tests in full at
     # HEAD, then 3b-16k with its peers for the record
-    "s35-check": [(240, PY + ["-m", "pytest", "-q", "-p", "no:warnings",
+    "s35-check": [(240, PY + ["-m", "pytest", "-p", "no:warnings",
                               "tests/stream/test_gpu.py"]),
                   (330, record("3b-16k", "stream-h200-s35-3b16k", 150))],
     # nvidia-h200 (session 35): the record's other parts at HEAD, each with its peers:
@@ -784,9 +784,9 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
                                 "fsdp2"))],
     # nvidia-h200 (session 36): both GPU test modules at HEAD (the stream ones last ran at
     # 55d6154, before cast_kernel's shared coef/with_grad; the gemm ones in session 29)
-    "s36-tests": [(230, PY + ["-m", "pytest", "-q", "-rs", "--durations=5",
+    "s36-tests": [(230, PY + ["-m", "pytest", "-rs", "--durations=5",
                               "tests/stream/test_gpu.py"]),
-                  (170, PY + ["-m", "pytest", "-q", "-rs", "--durations=5",
+                  (170, PY + ["-m", "pytest", "-rs", "--durations=5",
                               "tests/gemm/test_gemm_gpu.py"])],
     # nvidia-h200 (session 37): the user's commands on the GPU at HEAD (the demo, train 1b,
     # SIGKILL then --resume, plan, gemm, embed, bad input); `outcore train` last ran on a
@@ -796,15 +796,15 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
     # tests (last run in session 29), then the whole suite with the GPU visible, but for
     # the stream and gemm GPU modules (run at 425b2ca in s36-tests; their code is the same)
     "s37-check": [(90, PY + [B + "cli_gpu.py", "--only", "plan-gemm", "--out", "cli-h200-gemm"]),
-                  (120, PY + ["-m", "pytest", "-q", "-rs", "-p", "no:warnings",
+                  (120, PY + ["-m", "pytest", "-rs", "-p", "no:warnings",
                               "tests/swap/test_swap_cuda.py", "tests/embed/test_fused.py"]),
-                  (360, PY + ["-m", "pytest", "-q", "-rs", "-p", "no:warnings", "--durations=10",
+                  (360, PY + ["-m", "pytest", "-rs", "-p", "no:warnings", "--durations=10",
                               "tests", "--ignore=tests/stream/test_gpu.py",
                               "--ignore=tests/gemm/test_gemm_gpu.py"])],
     # nvidia-h200 (session 37): s37-check's suite ran out of its 360 s at ~90% with 6
     # failures (parallel.py --smoke on CUDA ranks; a fake engine asked for CUDA streams):
     # the suite again after their fix, over 6 processes
-    "s37-suite": [(540, PY + ["-m", "pytest", "-q", "-rs", "-p", "no:warnings", "-n", "6",
+    "s37-suite": [(540, PY + ["-m", "pytest", "-rs", "-p", "no:warnings", "-n", "6",
                               "--durations=15", "tests", "--ignore=tests/stream/test_gpu.py",
                               "--ignore=tests/gemm/test_gemm_gpu.py"])],
     # nvidia-h200 (session 38): `outcore plan`'s step (the engine's step model on measured
@@ -843,9 +843,9 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
     # engine's set-up and checkpoints, swap's version checks on the d2h stream), then
     # `outcore train --model 1b` planned (held model with the gradients' copies out, host
     # copies as train decides) and run
-    "s39-check": [(200, PY + ["-m", "pytest", "-q", "-rs", "-p", "no:warnings",
+    "s39-check": [(200, PY + ["-m", "pytest", "-rs", "-p", "no:warnings",
                               "--durations=5", "tests/stream/test_gpu.py"]),
-                  (90, PY + ["-m", "pytest", "-q", "-rs", "-p", "no:warnings",
+                  (90, PY + ["-m", "pytest", "-rs", "-p", "no:warnings",
                              "tests/swap/test_swap_cuda.py"]),
                   (140, PY + [B + "plan_gpu.py", "--cases", "train-1b", "--measure",
                               "train-1b", "--out", "plan-h200-s39c"])],
@@ -855,9 +855,9 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
     # nvidia-h200 (session 40): the GPU tests of session 39's changes not yet run on a GPU
     # (BatchNorm's recompute into copies, .model's buffers, the stash's clear and check,
     # swap's Saved wrapper), then the swap bench at HEAD against the README's figures
-    "s40-check": [(200, PY + ["-m", "pytest", "-q", "-rs", "-p", "no:warnings",
+    "s40-check": [(200, PY + ["-m", "pytest", "-rs", "-p", "no:warnings",
                               "--durations=5", "tests/stream/test_gpu.py"]),
-                  (90, PY + ["-m", "pytest", "-q", "-rs", "-p", "no:warnings",
+                  (90, PY + ["-m", "pytest", "-rs", "-p", "no:warnings",
                              "tests/swap/test_swap_cuda.py"]),
                   (280, PY + [B + "swap.py", "--budget-s", "240", "--out", "swap-h200-s40"])],
     # nvidia-h200 (session 40): 3b-16k with its peers at HEAD, after session 39's and 40's
@@ -866,7 +866,7 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
     # nvidia-h200 (session 40): after session 40's reviews (gemm.Linear, embed's reader
     # and eval, plan/config/resume, swap's state_dict): the GPU tests they touch, the
     # user's commands on the GPU, and embed's GPU check and quality case (no PBG)
-    "s40-final": [(100, PY + ["-m", "pytest", "-q", "-rs", "-p", "no:warnings",
+    "s40-final": [(100, PY + ["-m", "pytest", "-rs", "-p", "no:warnings",
                               "tests/embed/test_fused.py", "tests/swap/test_swap_cuda.py",
                               "tests/gemm/test_gemm_gpu.py", "-k",
                               "linear or fused or swap or cuda"]),
@@ -875,13 +875,13 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
                               "--budget-s", "140", "--out", "embed-h200-s40"])],
     # nvidia-h200 (session 40): shared_args and p.data rebound through .model on CUDA
     # (fp32) against plain PyTorch
-    "s40-args": [(90, PY + ["-m", "pytest", "-q", "-rs", "-p", "no:warnings",
+    "s40-args": [(90, PY + ["-m", "pytest", "-rs", "-p", "no:warnings",
                             "tests/stream/test_engine_args.py"])],
     # nvidia-h200 (session 41): session 40's engine changes on CUDA (shared_args, params
     # rebound through .model, fp32 against plain PyTorch), then the stream GPU tests at HEAD
-    "s41-check": [(90, PY + ["-m", "pytest", "-q", "-rs", "-p", "no:warnings",
+    "s41-check": [(90, PY + ["-m", "pytest", "-rs", "-p", "no:warnings",
                              "tests/stream/test_engine_args.py"]),
-                  (220, PY + ["-m", "pytest", "-q", "-rs", "-p", "no:warnings",
+                  (220, PY + ["-m", "pytest", "-rs", "-p", "no:warnings",
                               "--durations=5", "tests/stream/test_gpu.py"])],
     # nvidia-h200 (session 41): the record's 3b-64k (outcore and PyTorch; FSDP2 is no
     # target there) and largest rows at HEAD: the record's are session 35's engine
@@ -892,12 +892,12 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
     # nvidia-h200 (session 41): after session 41's changes (DecoderConfig's and Decoder's
     # checks, parallel's agreement on non-finite groups and batches, checkpoints' directory
     # fsync): the stream GPU tests and the user's commands on the GPU
-    "s41-final": [(220, PY + ["-m", "pytest", "-q", "-rs", "-p", "no:warnings",
+    "s41-final": [(220, PY + ["-m", "pytest", "-rs", "-p", "no:warnings",
                               "tests/stream/test_gpu.py"]),
                   (280, PY + [B + "cli_gpu.py", "--out", "cli-h200-s41"])],
     # nvidia-h200 (session 42): s41-final's commands at HEAD, after session 42's changes
     # (CLI errors in flag spelling, the HF loader's file and tensor matching, new CSV columns)
-    "s42-final": [(220, PY + ["-m", "pytest", "-q", "-rs", "-p", "no:warnings",
+    "s42-final": [(220, PY + ["-m", "pytest", "-rs", "-p", "no:warnings",
                               "tests/stream/test_gpu.py"]),
                   (280, PY + [B + "cli_gpu.py", "--out", "cli-h200-s42"])],
     # nvidia-h200 (session 42): 3b-16k with its peers at HEAD (the FSDP2 margin: 2.29x in
@@ -906,29 +906,29 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
     # nvidia-h200 (session 42): after the reviews of swap, embed training and gemm.matmul's
     # entry: swap's CUDA tests and embed's fused kernel, embed's GPU check and quality case
     # (the planner's workspace grew), the gemm GPU tests
-    "s42-reviews": [(100, PY + ["-m", "pytest", "-q", "-rs", "-p", "no:warnings",
+    "s42-reviews": [(100, PY + ["-m", "pytest", "-rs", "-p", "no:warnings",
                                 "tests/swap/test_swap_cuda.py", "tests/embed/test_fused.py"]),
                     (170, PY + [B + "embed.py", "--cases", "check,quality", "--skip-pbg",
                                 "--budget-s", "140", "--out", "embed-h200-s42"]),
-                    (160, PY + ["-m", "pytest", "-q", "-rs", "-p", "no:warnings",
+                    (160, PY + ["-m", "pytest", "-rs", "-p", "no:warnings",
                                 "tests/gemm/test_gemm_gpu.py"])],
     # nvidia-h200 (written in session 46, for the next): the stream GPU tests (session 46
     # gave them 130 s, too little: 18 had passed) and the GPU demo at HEAD, then 7b-16k
     # outcore alone with room for its setup (194 s in all in session 46 with the eager
     # build of that time; each run's log now gives its model's and engine's build times)
-    "s47-check": [(240, PY + ["-m", "pytest", "-q", "-rs", "-p", "no:warnings",
+    "s47-check": [(240, PY + ["-m", "pytest", "-rs", "-p", "no:warnings",
                               "tests/stream/test_gpu.py", "tests/stream/test_engine_args.py"]),
                   (100, PY + [B + "cli_gpu.py", "--only", "demo", "--out", "cli-h200-s47"]),
                   (250, record("7b-16k", "stream-h200-s47-7b", 240, "--systems", "outcore"))],
     # nvidia-h200 (session 47): s47-check without its 7b run (each A/B call below runs HEAD
     # at 7b-16k twice), so that the A/B's two calls fit the device time left after it
-    "s47-tests": [(260, PY + ["-m", "pytest", "-q", "-rs", "-p", "no:warnings",
+    "s47-tests": [(260, PY + ["-m", "pytest", "-rs", "-p", "no:warnings",
                               "tests/stream/test_gpu.py", "tests/stream/test_engine_args.py"]),
                   (100, PY + [B + "cli_gpu.py", "--only", "demo", "--out", "cli-h200-s47"])],
     # nvidia-h200 (written in session 47, for the next): swap's CUDA tests with the
     # interrupted-forward tests, then the whole swap bench at HEAD (session 47's check of an
     # interrupted forward walks a few frames per saved tensor) against session 45's record
-    "s47-swap": [(120, PY + ["-m", "pytest", "-q", "-rs", "-p", "no:warnings",
+    "s47-swap": [(120, PY + ["-m", "pytest", "-rs", "-p", "no:warnings",
                              "tests/swap/test_swap_cuda.py", "tests/swap/test_swap_unhooked.py"]),
                  (280, PY + [B + "swap.py", "--budget-s", "240", "--out", "swap-h200-s47"])],
     # the 7b-16k A/B of session 45's question, HEAD against 5091731 (session 35's engine of
@@ -966,7 +966,7 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
     # host's time again, the gemm GPU tests, then the bf16 shapes at 16384 tokens (18-19 ms
     # products) and fp32-16384, 5 runs each, against the record's
     "s22-host2": [(120, ["env", "HOST_SETUP_TAG=s22b"] + PY + [B + "diag/host_setup.py"]),
-                  (150, PY + ["-m", "pytest", "-q", "tests/gemm/test_gemm_gpu.py"]),
+                  (150, PY + ["-m", "pytest", "tests/gemm/test_gemm_gpu.py"]),
                   (200, PY + [B + "gemm.py", "--cases", "fp32-16384," + ",".join(
                       f"train-{lay}-t16384-f{f}-bf16" for f in (8192, 16384)
                       for lay in ("NT", "NN", "TN")), "--runs", "5", "--out",
@@ -983,12 +983,12 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
     # strip needs a block of its own rows): the gemm GPU tests, then the two square cases
     # whose plans that touches (bf16-32768: one block more than its slots) or not
     # (fp32-16384), 5 runs each, against the record's
-    "s22-cache": [(150, PY + ["-m", "pytest", "-q", "tests/gemm/test_gemm_gpu.py"]),
+    "s22-cache": [(150, PY + ["-m", "pytest", "tests/gemm/test_gemm_gpu.py"]),
                   (200, PY + [B + "gemm.py", "--cases", "fp32-16384,bf16-32768", "--no-train",
                               "--runs", "5", "--out", "gemm-h200-s22-cache"])],
     # nvidia-h200 (session 21): the gemm GPU tests with fp32 GEMMs through cuBLASLt's
     # configured kernel (outcore.gemm.ltmm), then the whole gemm bench (the run of record)
-    "s21-record": [(120, PY + ["-m", "pytest", "-q", "tests/gemm/test_gemm_gpu.py"]),
+    "s21-record": [(120, PY + ["-m", "pytest", "tests/gemm/test_gemm_gpu.py"]),
                    (420, PY + [B + "gemm.py", "--budget-s", "330"])],
     # nvidia-h200 (session 21): with fp32 GEMMs through ltmm, the configured kernel's rate
     # on other tile shapes, fp32-16384 in other tiles, and fp32-16384 against cuBLASXt with
@@ -1009,18 +1009,18 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
     "s21-wide": [(300, PY + [B + "diag/fp32_wide.py"])],
     # nvidia-h200 (session 21): the gemm GPU tests (the stats count ltmm's GEMMs), then
     # cuBLASLt's configurations for the NT products' GEMMs (B column-contiguous)
-    "s21-nt": [(120, PY + ["-m", "pytest", "-q", "tests/gemm/test_gemm_gpu.py"]),
+    "s21-nt": [(120, PY + ["-m", "pytest", "tests/gemm/test_gemm_gpu.py"]),
                (200, ["env", "LT_SWEEP=4096x4096x8192t,4096x4096x16384t,4096x4096x2048t,"
                       "8192x8192x16384t,8192x8192x2048t", "LT_TAG=nt"]
                 + PY + [B + "diag/lt_algos.py"])],
     # nvidia-h200 (session 21): the gemm GPU tests, then every fp32 bench case with
     # outcore.gemm.ltmm on and off
-    "s21-lt": [(120, PY + ["-m", "pytest", "-q", "tests/gemm/test_gemm_gpu.py"]),
+    "s21-lt": [(120, PY + ["-m", "pytest", "tests/gemm/test_gemm_gpu.py"]),
                (440, PY + [B + "diag/lt_ab.py"])],
     # nvidia-h200 (session 20, after the cache took each block at its own size): the gemm
     # GPU tests, then the new picks against the old ones (tf32-32768; bf16-32768 under
     # 16 and 8 GiB)
-    "s20-exact": [(90, PY + ["-m", "pytest", "-q", "tests/gemm/test_gemm_gpu.py"]),
+    "s20-exact": [(90, PY + ["-m", "pytest", "tests/gemm/test_gemm_gpu.py"]),
                   (200, PY + [B + "diag/exact_cache.py"])],
     # nvidia-h200 (session 20): the stream GPU tests and 3b-16k every system at HEAD (stream
     # untouched since session 18's record: a fresh sample of the missed 1.0x)
@@ -1028,7 +1028,7 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
                             "0", "--timeout", "200", "--out", "stream-h200-s20-16k"])],
     # nvidia-h200 (session 20, after s20-short made the 512-row strips a default): the gemm
     # GPU tests, then the run of record
-    "s20-record": [(90, PY + ["-m", "pytest", "-q", "tests/gemm/test_gemm_gpu.py"]),
+    "s20-record": [(90, PY + ["-m", "pytest", "tests/gemm/test_gemm_gpu.py"]),
                    (330, PY + [B + "gemm.py", "--budget-s", "300"])],
     # nvidia-h200 (session 20): 512-row whole-width strips where M <= 16384
     # (lone.SHORT_STRIP_MAX_M, the four bf16 shapes at 16384 tokens) against none, three
@@ -1062,7 +1062,7 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
                   for tag in pair],
     # nvidia-h200 (session 19): the gemm GPU tests and the run of record at the model with
     # D2H_ROW_FACTOR as s19-d2h2's "mid" (the five NT shapes in 8192-wide tiles)
-    "s19-record": [(90, PY + ["-m", "pytest", "-q", "tests/gemm/test_gemm_gpu.py"]),
+    "s19-record": [(90, PY + ["-m", "pytest", "tests/gemm/test_gemm_gpu.py"]),
                    (330, PY + [B + "gemm.py", "--budget-s", "300"])],
     # nvidia-h200 (session 19, after s19-d2h: whole-width NT tiles 1.10-1.22x faster at
     # 16384 features, TN t32768-f16384 in one tile 0.93x): the copy rates again, with the
@@ -1092,13 +1092,13 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
                               "stream-h200-s18-largest"])],
     # nvidia-h200 (session 18): the gemm GPU tests at HEAD (mmacc changed), the fp32 A/B of
     # few wide tiles (lone.FEW_WIDE), then the stream GPU tests at HEAD
-    "s18-final": [(120, PY + ["-m", "pytest", "-q", "tests/gemm/test_gemm_gpu.py"]),
+    "s18-final": [(120, PY + ["-m", "pytest", "tests/gemm/test_gemm_gpu.py"]),
                   (260, PY + [B + "diag/fp32_wide.py"]),
-                  (200, PY + ["-m", "pytest", "-q", "tests/stream/test_gpu.py"])],
+                  (200, PY + ["-m", "pytest", "tests/stream/test_gpu.py"])],
     # nvidia-h200 (session 18): B by rows for K >= 16384 (lone.B_ROWS_MIN_K, the default
     # since 18): the gemm GPU tests, the bf16 NT shapes with it and without (--b-rows
     # none), twice, alternating; then the gemm run of record at the new default
-    "s18-brows": [(90, PY + ["-m", "pytest", "-q", "tests/gemm/test_gemm_gpu.py"])]
+    "s18-brows": [(90, PY + ["-m", "pytest", "tests/gemm/test_gemm_gpu.py"])]
     + [(75, PY + [B + "gemm.py", "--cases", NT_CASES, "--runs", "5", "--out",
                   f"gemm-h200-s18-{tag}{i}"] + flag)
        for i in (1, 2) for tag, flag in (("brows", []), ("nobrows", ["--b-rows", "none"]))]
@@ -1106,19 +1106,19 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
     # nvidia-h200 (session 18): whole-height strips for a transposed A (lone.TALL_TA, the
     # default since 18): the gemm GPU tests, the bf16 TN shapes with them and without
     # (--tall-ta none), twice, alternating; then the gemm run of record at the new default
-    "s18-tall": [(90, PY + ["-m", "pytest", "-q", "tests/gemm/test_gemm_gpu.py"])]
+    "s18-tall": [(90, PY + ["-m", "pytest", "tests/gemm/test_gemm_gpu.py"])]
     + [(75, PY + [B + "gemm.py", "--cases", TN_CASES, "--runs", "5", "--out",
                   f"gemm-h200-s18-{tag}{i}"] + flag)
        for i in (1, 2) for tag, flag in (("tall", []), ("notall", ["--tall-ta", "none"]))]
     + [(330, PY + [B + "gemm.py", "--budget-s", "300", "--out", "gemm-h200-s18-tallrec"])],
     # nvidia-h200 (session 18): the gemm GPU tests and the run of record at the final
     # defaults (whole-height strips for a transposed A where M >= 16384)
-    "s18-record": [(90, PY + ["-m", "pytest", "-q", "tests/gemm/test_gemm_gpu.py"]),
+    "s18-record": [(90, PY + ["-m", "pytest", "tests/gemm/test_gemm_gpu.py"]),
                    (330, PY + [B + "gemm.py", "--budget-s", "300"])],
     # nvidia-h200 (session 16): the gemm GPU tests (B by rows among them), then the bf16 NT
     # training shapes with a transposed B's panels by rows (the default then, b070255) and
     # without (B by rows became opt-in after it: slower at K = N = 8192)
-    "brows-ab": [(120, PY + ["-m", "pytest", "-q", "tests/gemm/test_gemm_gpu.py"]),
+    "brows-ab": [(120, PY + ["-m", "pytest", "tests/gemm/test_gemm_gpu.py"]),
                  (120, PY + [B + "gemm.py", "--cases", NT_CASES, "--runs", "5", "--out",
                              "gemm-h200-s16-brows"]),
                  (120, PY + [B + "gemm.py", "--b-rows", "none", "--cases", NT_CASES,
@@ -1135,9 +1135,9 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
     "accs-ab2": accs_pairs(range(3, 7), alternate=True),
     # nvidia-h200 (session 16, the last call): the gemm GPU tests, then the whole bench at
     # 4 accumulators (the new default) under a 150 s budget: the run of record
-    "s16-record3": [(60, PY + ["-m", "pytest", "-q", "tests/gemm/test_gemm_gpu.py"]),
+    "s16-record3": [(60, PY + ["-m", "pytest", "tests/gemm/test_gemm_gpu.py"]),
                     (200, PY + [B + "gemm.py", "--budget-s", "150"])],
-    "arows-probe": [(90, PY + ["-m", "pytest", "-q", "tests/gemm/test_gemm_gpu.py", "-k",
+    "arows-probe": [(90, PY + ["-m", "pytest", "tests/gemm/test_gemm_gpu.py", "-k",
                                "a_rows"]),
                     (150, PY + [B + "gemm_probe.py", "--first", "1", "--no-kernels", "--out",
                                 "gemm-probe-h200-s16"])],
@@ -1151,7 +1151,7 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
     # nvidia-h200: the gemm GPU tests at session 11's worker (merged pieces, strips), why
     # the bench's tf32/bf16 rows run slower than the probe's, and 3b-64k with the default
     # since session 10 (host_weight_copy="auto") appended to the run of record
-    "s11-final": [(140, PY + ["-m", "pytest", "-q", "-x", "tests/gemm/test_gemm_gpu.py"]),
+    "s11-final": [(140, PY + ["-m", "pytest", "-x", "tests/gemm/test_gemm_gpu.py"]),
                   (90, PY + [B + "diag/gemm_order.py"]),
                   (330, PY + [B + "stream.py", "--cases", "3b-64k", "--compiled", "--largest",
                               "0", "--skip-tests", "--append", "--timeout", "170"])],
@@ -1184,10 +1184,10 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
     # session 29 on nvidia-h200-x2: the two-GPU rows with a wider median (session 14's
     # rest on one run), strassen on two GPUs beside them, then the GPU tests (two-GPU ones)
     "s29-x2": [(420, PY + [B + "gemm.py", "--runs", "5", "--budget-s", "360"]),
-               (170, PY + ["-m", "pytest", "-q", "-x", "-p", "no:warnings",
+               (170, PY + ["-m", "pytest", "-x", "-p", "no:warnings",
                            "tests/gemm/test_gemm_gpu.py"])],
     "gemm-x2": [(300, PY + [B + "gemm.py", "--budget-s", "200"]),
-                (200, PY + ["-m", "pytest", "-q", "-x", "tests/gemm/test_gemm_gpu.py"])],
+                (200, PY + ["-m", "pytest", "-x", "tests/gemm/test_gemm_gpu.py"])],
     # nvidia-h200-x2: issue 5's largest rows (merged into parallel-h200x2.json by
     # bench/merge_parts.py afterwards, on the CPU), the embedding throughput
     # (models built lazily since session 10: about 15B and 14B params on its 256 GiB)
