@@ -32,13 +32,20 @@ def build(init: str, seed: int):
     return Decoder(replace(SIZES["tiny"], layers=9, vocab=96, max_seq=64))
 
 
-def run(init: str, seed: int, keep: bool, device_blocks: int) -> tuple:
+def trained_reference(init: str, seed: int) -> tuple:
+    """(model as built, its copy after the test's 4 steps of plain PyTorch on the CPU,
+    the batches)."""
     model = build(init, seed)
     ref = copy.deepcopy(model)
     gen = torch.Generator().manual_seed(2)
     batches = [batch_for("decoder", gen) for _ in range(4)]
     torch.backends.cuda.matmul.allow_tf32 = False
     plain_steps(ref, batches, None, None)
+    return model, ref, batches
+
+
+def run(init: str, seed: int, keep: bool, device_blocks: int) -> tuple:
+    model, ref, batches = trained_reference(init, seed)
     eng = outcore.Engine(model, optimizer=outcore.AdamW(lr=LR, eps=EPS, weight_decay=WD),
                          device="cuda", compute_dtype=torch.float32, gpu_updates=0,
                          keep_weights=keep)
@@ -58,12 +65,7 @@ def run(init: str, seed: int, keep: bool, device_blocks: int) -> tuple:
 def plain_cuda(init: str, seed: int) -> None:
     """Plain PyTorch on CUDA (fp32, no TF32) against plain PyTorch on the CPU, same start:
     how far the GPU's own arithmetic moves the parameters, and where in embed.weight."""
-    model = build(init, seed)
-    ref = copy.deepcopy(model)
-    gen = torch.Generator().manual_seed(2)
-    batches = [batch_for("decoder", gen) for _ in range(4)]
-    torch.backends.cuda.matmul.allow_tf32 = False
-    plain_steps(ref, batches, None, None)
+    model, ref, batches = trained_reference(init, seed)
     model = model.cuda()
     plain_steps(model, [{k: v.cuda() for k, v in b.items()} for b in batches], None, None)
     ours = dict(model.named_parameters())
