@@ -181,6 +181,51 @@ def test_ops_right_after_ctrl_c_are_not_swapped():
     assert torch.equal(a.grad, b.grad)
 
 
+def test_a_save_by_autograd_after_ctrl_c_leaves_no_hook_behind():
+    """The first save after the interrupted forward made inside a backward (a create_graph
+    gradient): the engine puts the thread's hooks back after each node, so they are taken
+    off at the next save outside it, and none stays pushed after close (session 47's
+    review: they stayed for good and kept the model alive)."""
+    import gc
+    import weakref
+    from swap_testlib import saved_hooks_top
+
+    def run():
+        model = _Interruptible()
+        x, _ = batch(4)
+        s = outcore.swap(model, gpu_memory="1GiB", min_swap_bytes=1, force_copy=True)
+        a = torch.randn(8, requires_grad=True)
+        g = torch.nn.functional.softplus(a).sum()   # made before the interrupt
+        _interrupt(model, x)
+        (da,) = torch.autograd.grad(g, a, create_graph=True)   # softplus' backward saves
+        assert torch.allclose(da, torch.sigmoid(a))
+        torch.tanh(a).sum()                          # a save outside the engine
+        assert s._depth == 0 and not s._stack and saved_hooks_top() is None
+        s.close()
+        return weakref.ref(model)
+    ref = run()
+    gc.collect()
+    assert saved_hooks_top() is None and ref() is None
+
+
+def test_a_forward_interrupted_on_another_thread_lets_this_one_run():
+    """Ctrl-C reaches a forward run on a worker thread; the next forward runs on the main
+    thread: it forgets the dead forward's hooks (on the worker's stack, which this thread
+    cannot pop: torch asserted) and trains as plain PyTorch does."""
+    from concurrent.futures import ThreadPoolExecutor
+    model = _Interruptible()
+    plain = twin(model)
+    x, y = batch(4)
+    with outcore.swap(model, gpu_memory="1GiB", min_swap_bytes=1, force_copy=True) as s:
+        with ThreadPoolExecutor(1) as pool:
+            pool.submit(_interrupt, model, x).result()
+        assert s._depth == 1
+        _step(model, x, y)
+        assert s._depth == 0 and not s._stack
+    _step(plain, x, y)
+    assert_same_grads(model, plain)
+
+
 def test_a_nested_call_is_still_nested():
     """A model calling itself inside its forward (recursion) is one forward, not a dead one."""
     class Rec(torch.nn.Module):

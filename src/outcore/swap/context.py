@@ -146,10 +146,12 @@ class Swap:
         if self._depth == 0:
             self._pop_guard()
 
-    def _pop_hooks(self) -> None:
-        """Leave the innermost forward's saved-tensor hooks (None: it ran unhooked)."""
+    def _pop_hooks(self, here: bool = True) -> None:
+        """Leave the innermost forward's saved-tensor hooks (None: it ran unhooked).
+        here=False: they are on another thread's stack (a forward interrupted there), which
+        this thread cannot pop (torch asserts): they are only forgotten."""
         ctx = self._stack.pop() if self._stack else None
-        if ctx is not None:
+        if ctx is not None and here:
             ctx.__exit__(None, None, None)
 
     def _drop_dead_forwards(self) -> None:
@@ -161,9 +163,10 @@ class Swap:
         while f is not None:
             live.add(id(f))
             f = f.f_back
+        here = self._thread in (None, threading.get_ident())
         while self._frames and id(self._frames[-1]) not in live:
             self._frames.pop()
-            self._pop_hooks()
+            self._pop_hooks(here)
             self._depth = max(0, self._depth - 1)
             if self._depth == 0:
                 self._pop_guard()
@@ -174,13 +177,19 @@ class Swap:
         """acts.pack while the forward that pushed these hooks runs. One interrupted by a
         KeyboardInterrupt left them pushed: the first tensor saved on its thread after it
         (a user's op after Ctrl-C) finds its frame gone, takes them off and is saved as it
-        is. Saves on autograd's device threads (no forward frames there) are not checked."""
+        is. Saves on autograd's device threads (no forward frames there) are not checked.
+        The walk costs about 1-2 us a save at ten modules deep (CPU, session 47's review)."""
         if self._frames and self._thread == threading.get_ident():
             target, f = self._frames[-1], sys._getframe(1)
             while f is not None and f is not target:   # a few frames up when it runs
                 f = f.f_back
             if f is None:
-                self._drop_dead_forwards()
+                # Not inside a backward (a create_graph gradient, a reentrant checkpoint's
+                # recompute): the engine puts the thread's hooks back after each node, so
+                # popping them there would leave them pushed for good. The next save outside
+                # it, the next forward or close() takes them off.
+                if _graph_task() == -1:
+                    self._drop_dead_forwards()
                 return _alias(t)
         return self.acts.pack(t)
 
@@ -229,12 +238,13 @@ class Swap:
         for h in self._handles:
             h.remove()
         self._handles.clear()
+        here = self._thread in (None, threading.get_ident())
         self._frames.clear()
         # A closed swap kept for its report must not keep parameters the model has
         # replaced since (load_state_dict(assign=True)) alive: their memory is the model's
         self._params = []
         while self._stack:  # close() inside the model's forward, or after one interrupted
-            self._pop_hooks()   # (KeyboardInterrupt: torch ran no always-call hook)
+            self._pop_hooks(here)   # (KeyboardInterrupt: torch ran no always-call hook)
         self._pop_guard()
         if self._depth:  # ... whose dedup table would keep its saved tensors and runs
             self._depth = 0
@@ -263,6 +273,12 @@ class Swap:
     def __repr__(self) -> str:
         state = "closed" if self.closed else "active"
         return f"Swap({type(self.model).__name__}, {self.config}, {state})"
+
+
+def _graph_task() -> int:
+    """The id of the backward running on this thread, -1 outside one."""
+    get = getattr(torch._C, "_current_graph_task_id", None)
+    return get() if get is not None else -1
 
 
 def _compiled_caller() -> bool:
