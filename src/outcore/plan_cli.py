@@ -72,7 +72,7 @@ def _run(args) -> int:
         cfg = replace(SIZES[args.model], compiled=args.compile_kernels,
                       max_seq=max(SIZES[args.model].max_seq, args.seq_len))
         block_s = block_seconds(cfg, device, dtype, args.micro_tokens or args.tokens_per_step,
-                                args.seq_len)
+                                args.seq_len, calib.flops)
     plan = make_plan(shape, tokens_per_step=args.tokens_per_step, micro_tokens=args.micro_tokens,
                      gpu_limit=gpu, host_limit=host, clip=not args.no_clip,
                      compute_itemsize=dtype.itemsize, calib=calib,

@@ -35,16 +35,47 @@ from .stream.simulate import simulate
 
 SLOTS = 3          # the engine's block slots (stream/plan.py fixed_device_bytes)
 TIMED_TOKENS = 8192   # at most this many tokens of one micro-batch through the timed block
+# ... and fewer where one timed pass (8 x the block's params x tokens) would take longer
+# than this at the calibrated matmul rate: on a CPU (0.42 TFLOP/s on the 2-core CI machine)
+# `outcore plan --model 70b` took 7 min 51 s, nearly all of it timing a block at 8192
+# tokens, twice. A GPU keeps all 8192 (a 70b block: 0.08 s at 700 TFLOP/s). Not under
+# MIN_TIMED_TOKENS: a 70b block on that CPU ran 19.4 ms a token at 512 and 19.9 at 2048,
+# but 24.1 at 128 (25 s for the two passes at 512).
+TIMED_SECONDS = 2.0
+MIN_TIMED_TOKENS = 512
 
 
-def block_seconds(cfg, device: str, dtype: torch.dtype, tokens: int, seq: int) -> float:
+def timed_tokens(params: int, tokens: int, flops: float | None) -> int:
+    """How many of a micro-batch's `tokens` go through a block of `params` when it is
+    timed, on a device whose matmul runs at `flops` (None: not known, TIMED_TOKENS)."""
+    cap = TIMED_TOKENS
+    if flops:
+        cap = min(cap, max(MIN_TIMED_TOKENS, int(TIMED_SECONDS * flops / (8 * params))))
+    return max(1, min(tokens, cap))
+
+
+def block_seconds(cfg, device: str, dtype: torch.dtype, tokens: int, seq: int,
+                  flops: float | None = None) -> float:
     """Seconds per token of one reference-decoder block (DecoderConfig cfg) on `device`:
     a no-grad forward (the checkpointed pass) plus a forward and backward (the recompute
-    and the gradients), for min(tokens, TIMED_TOKENS) tokens in sequences of `seq`."""
+    and the gradients), for timed_tokens(...) of the micro-batch's `tokens` in sequences of
+    `seq` (shorter when fewer tokens are timed)."""
     from .models.decoder import Block, rope_tables
-    seq = max(1, min(seq, tokens))
-    rows = max(1, min(tokens, TIMED_TOKENS) // seq)
-    block = Block(cfg).to(device=device, dtype=dtype)
+    # Built on the meta device, then allocated in `dtype` where it runs and filled: no fp32
+    # copy on the host and no per-layer init (a 70b block is 855M params). The values only
+    # need to be ordinary numbers (no NaN or denormals to slow a CPU).
+    with torch.device("meta"):
+        block = Block(cfg)
+    block = block.to(dtype=dtype).to_empty(device=device)
+    with torch.no_grad():
+        for p in block.parameters():
+            if p.dim() > 1:
+                p.normal_(0.0, 0.02)
+            else:
+                p.fill_(1.0)   # the norms' weights
+    timed = timed_tokens(sum(p.numel() for p in block.parameters()), tokens, flops)
+    seq = max(1, min(seq, timed))
+    rows = max(1, timed // seq)
     x = torch.randn(rows, seq, cfg.dim, device=device, dtype=dtype, requires_grad=True)
     cos, sin = rope_tables(cfg, seq, device, dtype)
     dy = torch.randn_like(x)

@@ -73,6 +73,34 @@ def test_one_block_is_timed_on_the_cpu():
     assert 0 < t < 1
 
 
+def test_a_slow_device_times_fewer_tokens():
+    """A 70b block (855.6M params): all 8192 tokens at a GPU's rate, 512 on a CPU's (8192
+    took minutes there); never more than the micro-batch."""
+    from outcore.plan_step import MIN_TIMED_TOKENS, TIMED_TOKENS, timed_tokens
+    big = 855_654_400
+    assert timed_tokens(big, 65536, 700e12) == TIMED_TOKENS == 8192
+    assert timed_tokens(big, 65536, 0.4e12) == MIN_TIMED_TOKENS == 512
+    assert timed_tokens(big, 65536, None) == 8192
+    assert timed_tokens(202_383_360, 65536, 4e12) == 4941   # 2 s at 8 x params x tokens
+    assert timed_tokens(big, 100, 700e12) == 100
+
+
+def test_the_timed_block_runs_the_capped_tokens_in_the_compute_dtype(monkeypatch):
+    from outcore.models.decoder import Block
+    seen = []
+    forward = Block.forward
+
+    def spy(self, x, cos, sin):
+        seen.append((tuple(x.shape), self.wq.weight.dtype, self.wq.weight.device.type))
+        return forward(self, x, cos, sin)
+    monkeypatch.setattr(Block, "forward", spy)
+    cfg = SIZES["tiny"]
+    params = sum(p.numel() for p in Block(cfg).parameters())
+    flops = 600 * 8 * params / 2.0   # 600 tokens in TIMED_SECONDS
+    t = block_seconds(cfg, "cpu", torch.bfloat16, tokens=4096, seq=128, flops=flops)
+    assert t > 0 and seen and all(s == ((4, 128, cfg.dim), torch.bfloat16, "cpu") for s in seen)
+
+
 def test_the_plan_prints_a_range_on_a_gpu_calibration():
     calib = Calibration("cuda", flops=700e12, host_copy=50e9, h2d=50e9, adamw=4.3e9,
                         adamw_loaded=2.5e9)
