@@ -2,7 +2,6 @@
 while groups move to the device and back."""
 
 import pytest
-import torch
 
 import outcore
 from outcore.stream import balance
