@@ -37,7 +37,8 @@ from ..errors import OutcoreError
 from .activations import ActivationSwapper, _alias
 from .config import SwapConfig
 from .host import HostStore
-from .param_guard import COMPILED, ParamGuard, refuse_compiled, wanted as guard_wanted
+from .param_guard import (COMPILED, ParamGuard, compiled_caller, refuse_compiled,
+                          wanted as guard_wanted)
 from .params import ParamSwapper, _tensors
 from .report import CopyClock, SwapReport
 from .signature import signature
@@ -96,7 +97,7 @@ class Swap:
 
     # ---- forward boundaries ---------------------------------------------------------------
     def _enter(self, module, args, kwargs) -> None:
-        if self.params is not None and _compiled_caller():
+        if self.params is not None and compiled_caller():
             raise OutcoreError(COMPILED)
         if self._depth:
             self._drop_dead_forwards()
@@ -279,15 +280,6 @@ def _graph_task() -> int:
     """The id of the backward running on this thread, -1 outside one."""
     get = getattr(torch._C, "_current_graph_task_id", None)
     return get() if get is not None else -1
-
-
-def _compiled_caller() -> bool:
-    """Is this forward run by torch.compile'd code (a compiled wrapper of the model made
-    apart from it, which refuse_compiled cannot see)? Dynamo's frame callback is set then
-    (torch's own test for "in a torch.compile region", torch._dynamo's set_stance)."""
-    frames = getattr(getattr(torch._C, "_dynamo", None), "eval_frame", None)
-    get = getattr(frames, "get_eval_frame_callback", None)
-    return torch.compiler.is_compiling() or (get is not None and get() not in (None, False))
 
 
 def swap(model: nn.Module, gpu_memory=None, min_swap_bytes="1MiB", *,

@@ -81,6 +81,15 @@ def refuse_compiled(model: torch.nn.Module) -> None:
                                "still swap under torch.compile)")
 
 
+def compiled_caller() -> bool:
+    """Is this forward run by torch.compile'd code (a compiled wrapper of the model made
+    apart from it, which refuse_compiled cannot see)? Dynamo's frame callback is set then
+    (torch's own test for "in a torch.compile region", torch._dynamo's set_stance)."""
+    frames = getattr(getattr(torch._C, "_dynamo", None), "eval_frame", None)
+    get = getattr(frames, "get_eval_frame_callback", None)
+    return torch.compiler.is_compiling() or (get is not None and get() not in (None, False))
+
+
 def wanted(model: torch.nn.Module, checked: set, sig) -> bool:
     """Guard a forward of `sig` (signature.py) now? See the module docstring."""
     if sig in checked or len(checked) >= MAX_CHECKED:
