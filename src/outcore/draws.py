@@ -24,10 +24,11 @@ def seed_of(seed: int, key: str) -> int:
 
 class RowBlocks:
     """fill(name, tensor) from init_param(name, rows, generator) (a model's, or
-    gemm.Linear's uniform draw), which draws each element on its own: the tensor is cut into blocks of whole rows of about CHUNK elements,
-    each drawn from its own generator seeded from (seed, name, block), on a pool of threads
-    (a single-threaded torch.normal_ makes about 0.2 G values/s: a minute for 15B). The
-    cuts depend on the shape only, so the values do not depend on the thread count."""
+    gemm.Linear's uniform draw), which draws each element on its own: the tensor is cut
+    into blocks of whole rows of about CHUNK elements, each drawn from its own generator
+    seeded from (seed, name, block), on a pool of threads (a single-threaded
+    torch.normal_ makes about 0.2 G values/s: a minute for 15B). The cuts depend on the
+    shape only, so the values do not depend on the thread count."""
 
     CHUNK = 1 << 22
 
