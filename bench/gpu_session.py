@@ -931,6 +931,14 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
     "s47-swap": [(120, PY + ["-m", "pytest", "-rs", "-p", "no:warnings",
                              "tests/swap/test_swap_cuda.py", "tests/swap/test_swap_unhooked.py"]),
                  (280, PY + [B + "swap.py", "--budget-s", "240", "--out", "swap-h200-s47"])],
+    # nvidia-h200 (written in session 49): s47-swap's two commands, then `outcore plan
+    # --model 7b` and `outcore gemm` (bench/cli_gpu.py): session 47's plan_step builds the
+    # timed block on the meta device and allocates it in the compute dtype, not yet run on
+    # a GPU
+    "s49-check": [(120, PY + ["-m", "pytest", "-rs", "-p", "no:warnings",
+                              "tests/swap/test_swap_cuda.py", "tests/swap/test_swap_unhooked.py"]),
+                  (280, PY + [B + "swap.py", "--budget-s", "240", "--out", "swap-h200-s49"]),
+                  (120, PY + [B + "cli_gpu.py", "--only", "plan-gemm", "--out", "cli-h200-s49"])],
     # the 7b-16k A/B of session 45's question, HEAD against 5091731 (session 35's engine of
     # record) in old/ (untar it first, in the same command), over two calls: ABBA needs
     # about 800 s. Each run's limit leaves room for the old tree's slower build.
