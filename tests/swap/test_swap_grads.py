@@ -61,6 +61,16 @@ def test_small_tensors_stay():
     assert r.offloaded_tensors == 0 and r.small_tensors == r.saved_tensors > 0
 
 
+def test_cpu_tensors_without_force_copy_are_counted_as_host():
+    model = tiny_cnn()
+    x, y = batch(2)
+    with outcore.swap(model, min_swap_bytes=1) as s:   # on the CPU, force_copy off
+        loss_of(model, x, y).backward()
+    r = s.report()
+    assert r.offloaded_tensors == 0 and r.host_tensors == r.saved_tensors > 0
+    assert f"{r.host_tensors} already in host memory" in r.summary()
+
+
 class Square(nn.Module):
     def __init__(self):
         super().__init__()

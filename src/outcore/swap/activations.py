@@ -136,11 +136,14 @@ class ActivationSwapper(UnhookedForwards):
         # check, so plain tensors are told apart by their type first)
         if (t.requires_grad and t.is_leaf) or (type(t) is not torch.Tensor and _is_param(t)):
             return Saved(t)  # lives elsewhere anyway: moving it frees nothing
+        gen = self.gen
+        if gen is None:
+            return _alias(t)  # saved outside the model's forward
         rep = self.report
         rep.saved_tensors += 1
-        gen = self.gen
-        if gen is None or (not t.is_cuda and not self.cfg.force_copy):
-            return _alias(t)  # saved outside the model's forward, or already in host memory
+        if not t.is_cuda and not self.cfg.force_copy:
+            rep.host_tensors += 1
+            return _alias(t)  # already in host memory
         nbytes = t.numel() * t.element_size()
         if nbytes < self.cfg.min_swap_bytes:
             rep.small_tensors += 1

@@ -24,6 +24,8 @@ class SwapReport:
     unhooked_forwards: int = 0      # forwards run without hooks: the last one with the same
                                     # inputs kept everything and it still fits the budget
     saved_tensors: int = 0          # tensors autograd saved inside the model's forward
+    host_tensors: int = 0           # already in host memory (a model on the CPU without
+                                    # force_copy): nothing to move
     small_tensors: int = 0          # below min_swap_bytes: left on the device
     strided_tensors: int = 0        # views with gaps (a transposed weight), sparse, nested or
                                     # subclass tensors: left in place
@@ -62,7 +64,8 @@ class SwapReport:
         lines = [
             f"swap: {self.forwards} forward(s) hooked, {self.unhooked_forwards} unhooked "
             f"(everything fit), {self.saved_tensors} saved tensors "
-            f"({self.small_tensors} small, {self.strided_tensors} strided or sparse, "
+            f"({self.host_tensors} already in host memory, "
+            f"{self.small_tensors} small, {self.strided_tensors} strided or sparse, "
             f"{self.kept_tensors} kept by budget "
             f"{fmt_bytes(self.kept_bytes)}, {self.deduplicated} deduplicated)",
             f"  to host   {self.offloaded_tensors:7d} tensors {fmt_bytes(self.bytes_to_host):>10}"
