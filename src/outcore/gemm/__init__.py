@@ -8,7 +8,8 @@ whose weight is larger than the GPU budget, trained through it.
 
 from .linear import Linear
 from .matmul import matmul
-from .plan import GemmPlan, make_plan
+from .plan import make_plan
+from .planned import GemmPlan
 from .stats import GemmStats
 
 __all__ = ["matmul", "Linear", "GemmPlan", "GemmStats", "make_plan"]

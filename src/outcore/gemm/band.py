@@ -26,7 +26,7 @@ from functools import lru_cache
 
 import torch
 
-from .plan import GemmPlan
+from .planned import GemmPlan
 from .stats import DeviceStats
 from .worker import GemmJob
 

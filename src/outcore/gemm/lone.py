@@ -12,7 +12,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from .model import KERNEL_FIT, Rates, estimate_seconds
-from .plan import MIN_PIECES, MIN_WIDE_TILES, GemmPlan, _fit, operand_bytes, with_strips
+from .plan import MIN_PIECES, MIN_WIDE_TILES, _fit, with_strips
+from .planned import GemmPlan, operand_bytes
 from .tiles import cdiv
 
 # On by default since session 11's probe (bench/results/gemm-probe-h200.json): bf16 at

@@ -15,15 +15,13 @@ below the contiguous rate (`ROW_FACTOR`), and so do C tiles narrower than C goin
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Sequence
+from typing import Sequence
 
 import torch
 
+from .planned import GemmPlan
 from .schedule import LONE_DEPTH
 from .tiles import spans
-
-if TYPE_CHECKING:   # plan.py imports this module: annotations only
-    from .plan import GemmPlan
 
 
 # 2-D host-to-device copies: row bytes -> fraction of the contiguous rate, while the d2h

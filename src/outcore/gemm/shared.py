@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from .plan import MAX_STRIPS, MIN_STRIP, GemmPlan
+from .plan import MAX_STRIPS, MIN_STRIP
+from .planned import GemmPlan
 
 STRIP_TILES = 2      # the order's last tiles cut into strips, per device
 MIN_TILES = 4        # whole tiles per device at least; fewer: the older rule (plan.py)

@@ -38,7 +38,7 @@ from .loads import BlockLoads, Landings
 from .mmacc import mm_acc
 from .model import merged_end
 from .split import mm_acc_split, split_calls
-from .plan import GemmPlan
+from .planned import GemmPlan
 from .stats import DeviceStats
 from .tiles import Tile, spans
 
