@@ -24,7 +24,7 @@ import common  # noqa: E402
 from balance_fit import SLOTS, STAGED_GRADS, group_numels  # noqa: E402
 
 from outcore.stream import balance  # noqa: E402
-from outcore.stream.device_update import candidate_order  # noqa: E402
+from outcore.stream.device_choice import candidate_order  # noqa: E402
 
 
 # planned with stream/simulate.py (session 12, before bench/stream.py recorded the model)

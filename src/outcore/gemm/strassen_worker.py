@@ -23,6 +23,7 @@ from .mmacc import mm_acc
 from .model import Rates
 from . import strassen
 from .strassen import SLACK_BUFFERS, SuperTile, half
+from .strassen_parts import Finisher, Quad
 from .tiles import spans
 from .worker import DeviceRun, _device_streams
 
@@ -49,33 +50,6 @@ def _link_bound(hm: int, hn: int, itemsize: int, h2d: float, flops: float) -> bo
     M2's quadrant pairs (hm x hk and hk x hn each) take the link longer than one GEMM takes
     the device (everything per unit of depth hk)."""
     return 2 * (hm + hn) * itemsize / h2d > 2.0 * hm * hn / flops
-
-
-class _Quad:
-    """One operand buffer (a quadrant of op(A) or op(B), or an S or T) on the device.
-
-    flat: its arena memory; op: this block's quadrant, op order (R x C), a transposed view
-    of the storage-order buffer where the host matrix is stored transposed; events: one
-    h2d event per copy piece (spans: their K ranges); free: compute event after its last
-    reader (buffer reuse)."""
-
-    def __init__(self, flat: torch.Tensor, trans: bool):
-        self.flat, self.trans = flat, trans
-        self.op: torch.Tensor | None = None
-        self.events: list = []
-        self.spans: list = []
-        self.free = None
-
-    def shape(self, rows: int, cols: int) -> torch.Tensor:
-        """Lay the buffer out as rows x cols (op order) for this block."""
-        n = rows * cols
-        self.op = (self.flat[:n].view(cols, rows).t() if self.trans
-                   else self.flat[:n].view(rows, cols))
-        return self.op
-
-    @property
-    def storage(self) -> torch.Tensor:
-        return self.op.t() if self.trans else self.op
 
 
 class StrassenWorker(DeviceRun):
@@ -108,9 +82,9 @@ class StrassenWorker(DeviceRun):
         ak, bk = p.hm * p.hk, p.hk * p.hn
         # op(A)'s quadrants keep the host's layout; S1..S4 too, so the adds run on
         # storage-order buffers alike
-        self.quads = {q: _Quad(self.arena.take(ak, dt), ta)
+        self.quads = {q: Quad(self.arena.take(ak, dt), ta)
                       for q in ("a11", "a12", "a21", "a22", "s1", "s2", "s3", "s4")}
-        self.quads.update({q: _Quad(self.arena.take(bk, dt), tb)
+        self.quads.update({q: Quad(self.arena.take(bk, dt), tb)
                            for q in ("b11", "b12", "b21", "b22", "t1", "t2", "t3", "t4")})
         cq = p.hm * p.hn
         self.accs = {q: self.arena.take(cq, dt) for q in ("11", "12", "21", "22")}
@@ -145,7 +119,7 @@ class StrassenWorker(DeviceRun):
         return done
 
     def _load_c(self, acc: dict, rows: dict, cols: dict) -> None:
-        """The old C's quadrants into the accumulators (scaled by beta in _Finisher.quadrant)."""
+        """The old C's quadrants into the accumulators (scaled by beta in Finisher.quadrant)."""
         L = self.lanes
         for q, a in acc.items():
             (r0, r1), (c0, c1) = rows[q[0]], cols[q[1]]
@@ -194,7 +168,7 @@ class StrassenWorker(DeviceRun):
         self.stats.gemms += 1
         self.stats.flops += 2.0 * a.shape[0] * a.shape[1] * b.shape[1]
 
-    def _mm_piece(self, acc, qa: _Quad, qb: _Quad, i: int) -> None:
+    def _mm_piece(self, acc, qa: Quad, qb: Quad, i: int) -> None:
         """acc (=, for i == 0, else +=) qa @ qb over copy piece i, once it has landed."""
         L, (p0, p1) = self.lanes, qa.spans[i]
         L.wait(L.compute, qa.events[i])        # stream wait: this piece of each has landed
@@ -269,7 +243,7 @@ class StrassenWorker(DeviceRun):
             Q[n].shape(hm, hk)
         for n in ("t1", "t2", "t3", "t4"):
             Q[n].shape(hk, hn)
-        fin = _Finisher(self, acc, out, first, last)
+        fin = Finisher(self, acc, out, first, last)
         # the others in the order of need: M2, M7 (S3, T3), then A22 for M5 and M6; where
         # PIECEWISE, M2's and M7's GEMMs (and S3's and T3's sums) between their copies
         m2 = list(zip(load("a12"), load("b21")))
@@ -321,36 +295,3 @@ class StrassenWorker(DeviceRun):
         self._freed("b22")
         self.st_free = self.lanes.event()
         return fin.done
-
-
-class _Finisher:
-    """A quadrant (or a strip of it) is final for this block: scale it into the running sum
-    where the plan accumulates, and copy it out after the last block."""
-
-    def __init__(self, w: StrassenWorker, acc: dict, out: dict, first: bool, last: bool):
-        self.w, self.acc, self.out, self.first, self.last = w, acc, out, first, last
-        self.done = None
-
-    def quadrant(self, q: str, strip: tuple | None = None) -> None:
-        w, job = self.w, self.w.job
-        r0, r1 = strip or (0, self.acc[q].shape[0])
-        a, o = self.acc[q][r0:r1], self.out[q][r0:r1]
-        if w.plan.accumulates:
-            if not self.first:
-                a.add_(o, alpha=job.alpha)
-            elif w.plan.beta_zero:
-                torch.mul(o, job.alpha, out=a)
-            else:
-                a.mul_(job.beta).add_(o, alpha=job.alpha)
-        elif job.alpha != 1.0:
-            a.mul_(job.alpha)
-        if not self.last:
-            return
-        R0, R1, C0, C1 = w.regions[q]
-        rows = min(r1, R1 - R0) - r0
-        if rows <= 0 or C1 <= C0:
-            return
-        L = w.lanes
-        self.done = L.event(L.compute)
-        region = (R0 + r0, R0 + r0 + rows, C0, C1)
-        w.acc_free[q] = w.copier.d2h(job.c, region, a[:rows, :C1 - C0], self.done)

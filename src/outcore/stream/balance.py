@@ -1,6 +1,6 @@
 """Which groups' AdamW runs on the device, chosen from a model of the step's three queues.
 
-The `auto` planner (device_update.backlog_groups) moves groups to the device while the
+The `auto` planner (device_choice.backlog_groups) moves groups to the device while the
 step waits for the CPU, and never back. Each moved group costs PCIe time: its m and v
 cross to the device and back (8 B/param each way) and its master comes back (12 B/param
 out instead of a 4 B/param gradient). On the H200 at 3b-16k that planner moved 22 blocks

@@ -22,7 +22,7 @@ import torch
 from ..errors import OutcoreError
 from ..memory import pin_
 from ..transfer import host_wait
-from .device_update import backlog_groups
+from .device_choice import backlog_groups
 from .optimizer import inverse_scale
 from .ring import Ring
 

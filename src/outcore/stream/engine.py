@@ -32,7 +32,7 @@ from .device import DeviceCache, check_slots
 from .deferred import DeferredUpdates
 from .deferred import check_option as check_held
 from .device_update import DeviceUpdater
-from .device_update import check_option as check_gpu_updates
+from .device_choice import check_option as check_gpu_updates
 from .edges import StepEdges
 from .accounting import StepAccounting
 from .flow import StepFlow
