@@ -939,6 +939,24 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
                               "tests/swap/test_swap_cuda.py", "tests/swap/test_swap_unhooked.py"]),
                   (280, PY + [B + "swap.py", "--budget-s", "240", "--out", "swap-h200-s49"]),
                   (120, PY + [B + "cli_gpu.py", "--only", "plan-gemm", "--out", "cli-h200-s49"])],
+    # nvidia-h200 (session 49): the GPU tests of what session 49 moved (gemm's GemmPlan
+    # into planned.py, strassen's Quad and Finisher, stream's device_choice.py), and
+    # `outcore plan --model 7b` without torch's cuBLAS context warning
+    "s49-final": [(150, PY + ["-m", "pytest", "-rs", "-p", "no:warnings",
+                              "tests/gemm/test_gemm_gpu.py", "tests/gemm/test_gemm_plan.py",
+                              "tests/gemm/test_gemm_strassen.py"]),
+                  (260, PY + ["-m", "pytest", "-rs", "-p", "no:warnings",
+                              "tests/stream/test_gpu.py", "tests/stream/test_engine_args.py"]),
+                  (120, PY + [B + "cli_gpu.py", "--only", "plan-gemm", "--out",
+                              "cli-h200-s49b"])],
+    # nvidia-h200 (session 49): the swap bench under PYTORCH_CUDA_ALLOC_CONF=
+    # expandable_segments:True for every system (s49-check's wide_resnet101_2 max batch was
+    # 182 where session 45's was 227: the allocator's segments at the cap?), then swap's
+    # CUDA tests
+    "s49-swapx": [(280, PY + [B + "swap.py", "--budget-s", "240", "--alloc-conf",
+                              "expandable_segments:True", "--out", "swap-h200-s49-expandable"]),
+                  (120, PY + ["-m", "pytest", "-rs", "-p", "no:warnings",
+                              "tests/swap/test_swap_cuda.py"])],
     # the 7b-16k A/B of session 45's question, HEAD against 5091731 (session 35's engine of
     # record) in old/ (untar it first, in the same command), over two calls: ABBA needs
     # about 800 s. Each run's limit leaves room for the old tree's slower build.

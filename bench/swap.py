@@ -437,6 +437,7 @@ def main() -> None:
         "commit": commit(), "machine": machine,
         "gpus": [torch.cuda.get_device_name(device)] if device.type == "cuda" else [],
         "torch": torch.__version__,
+        "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),   # None: torch's default
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "runs": rows,
     }
