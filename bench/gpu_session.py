@@ -957,6 +957,14 @@ STEPS: dict[str, list[tuple[int, list[str]]]] = {
                               "expandable_segments:True", "--out", "swap-h200-s49-expandable"]),
                   (120, PY + ["-m", "pytest", "-rs", "-p", "no:warnings",
                               "tests/swap/test_swap_cuda.py"])],
+    # nvidia-h200 (session 49): swap's expandable segments by default (swap/allocator.py):
+    # the CUDA tests with its own, then the swap bench at torch's default allocator settings
+    # (outcore's rows now under expandable segments, the peers' not)
+    "s49-segments": [(120, PY + ["-m", "pytest", "-rs", "-p", "no:warnings",
+                                 "tests/swap/test_swap_cuda.py",
+                                 "tests/swap/test_swap_allocator.py"]),
+                     (280, PY + [B + "swap.py", "--budget-s", "240", "--out",
+                                 "swap-h200-s49-segments"])],
     # the 7b-16k A/B of session 45's question, HEAD against 5091731 (session 35's engine of
     # record) in old/ (untar it first, in the same command), over two calls: ABBA needs
     # about 800 s. Each run's limit leaves room for the old tree's slower build.

@@ -171,3 +171,27 @@ def test_cuda_parameter_swapping_of_checkpointed_and_attention_models(make):
         # (attention's fused backward may add in another order from run to run)
         torch.testing.assert_close(a.grad, b.grad, rtol=1e-5, atol=1e-6, msg=n)
     assert s.report().param_bytes_to_host > 0
+
+
+def _segment_of(t: torch.Tensor) -> dict:
+    for seg in torch.cuda.memory._snapshot()["segments"]:
+        if seg["address"] <= t.data_ptr() < seg["address"] + seg["total_size"]:
+            return seg
+    raise AssertionError("no allocator segment holds the tensor")
+
+
+def test_expandable_segments_while_open_and_not_after(monkeypatch):
+    """swap/allocator.py on the real allocator: a segment made while a swap is open is
+    expandable, one made after it closed is not, and training under it matches."""
+    monkeypatch.delenv("PYTORCH_ALLOC_CONF", raising=False)
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    model, x, y = cnn(), *data()
+    with outcore.swap(model, gpu_memory="64GiB") as s:
+        assert s.segments.held
+        big = torch.empty(3 << 30, dtype=torch.uint8, device="cuda")
+        assert _segment_of(big)["is_expandable"] is True
+        del big
+        nn.functional.cross_entropy(model(x), y).backward()
+    torch.cuda.empty_cache()
+    after = torch.empty(3 << 30, dtype=torch.uint8, device="cuda")
+    assert _segment_of(after)["is_expandable"] is False

@@ -48,6 +48,10 @@ class SwapConfig:
     by_module       attribute swapped bytes to the module whose forward saved them (the
                     innermost one running; report).
     trace           record every offload and fetch decision in order (tests, debugging).
+    expandable_segments  CUDA's caching allocator with expandable segments while the swap
+                    is open (allocator.py: 2.7-2.9x wide_resnet101_2's largest batch on the
+                    H200). None: on unless the environment's allocator settings name them;
+                    True: on; False: the allocator is left alone.
     """
 
     gpu_memory: int | None = None
@@ -62,17 +66,21 @@ class SwapConfig:
     timing: bool = True
     by_module: bool = True
     trace: bool = False
+    expandable_segments: bool | None = None
 
     @classmethod
     def build(cls, gpu_memory=None, min_swap_bytes="1MiB", prefetch_bytes=None,
               reserve_bytes=None, swap_params=False, param_prefetch_bytes="256MiB",
               force_copy=False, host_memory=None, slab_bytes="256MiB", timing=True,
-              by_module=True, trace=False) -> "SwapConfig":
+              by_module=True, trace=False, expandable_segments=None) -> "SwapConfig":
         """Parse and check user values; raises OutcoreError/TypeError with one line."""
         for name, flag in (("swap_params", swap_params), ("force_copy", force_copy),
                            ("timing", timing), ("by_module", by_module), ("trace", trace)):
             if not isinstance(flag, bool):
                 raise TypeError(f"{name}={flag!r} must be True or False")
+        if expandable_segments not in (None, True, False) or type(expandable_segments) is int:
+            raise TypeError(f"expandable_segments={expandable_segments!r} must be None "
+                            "(auto), True or False")
         for name, value in (("min_swap_bytes", min_swap_bytes), ("slab_bytes", slab_bytes),
                             ("param_prefetch_bytes", param_prefetch_bytes)):
             if value is None:
@@ -91,7 +99,8 @@ class SwapConfig:
             force_copy=force_copy,
             host_memory=parse_bytes(host_memory, "host_memory"),
             slab_bytes=parse_bytes(slab_bytes, "slab_bytes"),
-            timing=timing, by_module=by_module, trace=trace)
+            timing=timing, by_module=by_module, trace=trace,
+            expandable_segments=expandable_segments)
         for name, value in (("gpu_memory", gpu_memory), ("min_swap_bytes", min_swap_bytes),
                             ("prefetch_bytes", prefetch_bytes), ("host_memory", host_memory),
                             ("param_prefetch_bytes", param_prefetch_bytes),

@@ -35,6 +35,7 @@ from torch.autograd.graph import saved_tensors_hooks
 
 from ..errors import OutcoreError
 from .activations import ActivationSwapper, _alias
+from .allocator import ExpandableSegments
 from .config import SwapConfig
 from .host import HostStore
 from .param_guard import (COMPILED, ParamGuard, compiled_caller, refuse_compiled,
@@ -77,6 +78,7 @@ class Swap:
         self.params = None
         self._guard: ParamGuard | None = None   # this forward's check of parameter reads
         self._checked: set = set()    # forward signatures already checked by a guard
+        self.segments = ExpandableSegments(config.expandable_segments)   # allocator.py
         self._handles = [model.register_forward_pre_hook(self._enter, with_kwargs=True)]
         try:
             if config.swap_params:
@@ -255,6 +257,7 @@ class Swap:
         if self.params is not None:
             self.params.close()
         self._final = self.report()
+        self.segments.release()
         if self._own_store:
             self.store.release()
 
