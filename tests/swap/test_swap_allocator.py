@@ -87,3 +87,12 @@ def test_a_swap_that_fails_to_build_releases_its_hold(calls):
 def test_a_bad_value_says_what_to_give(bad):
     with pytest.raises(TypeError, match="expandable_segments=.* must be None"):
         outcore.swap(model(), expandable_segments=bad)
+
+
+def test_an_allocator_that_refuses_the_setting_leaves_the_swap_working(calls, monkeypatch):
+    def refuse(settings):
+        raise RuntimeError("unrecognized CachingAllocator option")
+    monkeypatch.setattr(allocator, "_apply", refuse)
+    with outcore.swap(model()) as s:
+        assert not s.segments.held
+    assert allocator._OPEN == 0

@@ -66,7 +66,12 @@ class ExpandableSegments:
                 conf = user_conf()
                 _RESTORE = conf if "expandable_segments" in conf else \
                     ",".join(filter(None, (conf, "expandable_segments:False")))
-                _apply(",".join(filter(None, (conf, "expandable_segments:True"))))
+                try:
+                    _apply(",".join(filter(None, (conf, "expandable_segments:True"))))
+                except (AttributeError, RuntimeError):
+                    # a torch without the setter, or settings it refuses: swap without
+                    self.held = False
+                    return
                 if torch.cuda.is_initialized():
                     # cached free segments were made fixed: let later allocations come
                     # from expandable ones (a host sync, once, at the swap's start)
