@@ -78,7 +78,7 @@ class SwapConfig:
                            ("timing", timing), ("by_module", by_module), ("trace", trace)):
             if not isinstance(flag, bool):
                 raise TypeError(f"{name}={flag!r} must be True or False")
-        if expandable_segments not in (None, True, False) or type(expandable_segments) is int:
+        if expandable_segments is not None and not isinstance(expandable_segments, bool):
             raise TypeError(f"expandable_segments={expandable_segments!r} must be None "
                             "(auto), True or False")
         for name, value in (("min_swap_bytes", min_swap_bytes), ("slab_bytes", slab_bytes),
